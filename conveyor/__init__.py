@@ -1,0 +1,23 @@
+"""conveyor: PyTorch data loading as a declared graph.
+
+``loader = load_graph("specs/imagenet.yaml", batch_size=256)`` compiles a YAML spec into
+torchdata nodes and returns a ``Loader`` with epochs, exact mid-epoch resume and stats.
+"""
+
+from conveyor.errors import (ConveyorError, SampleError, SourceError, SpecError, SpecErrors,
+                             StateError)
+from conveyor.graphs.api import check_spec, load_graph
+from conveyor.graphs.loader import Loader
+
+__all__ = [
+    "ConveyorError",
+    "Loader",
+    "SampleError",
+    "SourceError",
+    "SpecError",
+    "SpecErrors",
+    "StateError",
+    "check_spec",
+    "load_graph",
+]
+__version__ = "0.1.0"

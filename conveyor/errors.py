@@ -1,0 +1,75 @@
+"""The errors conveyor raises, so that callers can catch them by kind.
+
+``ConveyorError`` is the root. ``SpecError`` is a mistake in a spec, found before anything
+runs; it carries where (``path``, ``line``, ``col``) and what (``node``, ``op``, ``param``)
+as attributes. ``SpecErrors`` gathers every mistake of one spec, since the compiler reports
+them all at once. ``StateError`` is a saved state that does not fit the graph it is loaded
+into. ``SampleError`` is one bad input item (a corrupt image, a line that is not JSON): it
+names the file and, where it has one, the line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ConveyorError(Exception):
+    """Root of every error conveyor raises on purpose."""
+
+
+@dataclass
+class SpecError(ConveyorError):
+    """One mistake in a spec, with where it is.
+
+    Args:
+        message: what is wrong, and what to do about it where that is known.
+        path: the spec file (or ``<string>``).
+        line: 1-based line, or 0 when unknown.
+        col: 1-based column, or 0 when unknown.
+        node: the node's name, when the mistake is inside a node.
+        op: the node's op, when known.
+        param: the param, when the mistake is in one.
+    """
+
+    message: str
+    path: str = "<spec>"
+    line: int = 0
+    col: int = 0
+    node: str | None = None
+    op: str | None = None
+    param: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}:{self.col}"
+        parts = [where]
+        if self.node is not None:
+            parts.append(f"node '{self.node}'" + (f" ({self.op})" if self.op else ""))
+        if self.param is not None:
+            parts.append(f"param '{self.param}'")
+        return ": ".join(parts) + f": {self.message}"
+
+    def __hash__(self) -> int:  # dataclass eq would make it unhashable; exceptions must hash
+        return id(self)
+
+
+class SpecErrors(ConveyorError):
+    """Every mistake found in one spec; ``errors`` lists them in file order."""
+
+    def __init__(self, errors: list[SpecError]):
+        self.errors = sorted(errors, key=lambda e: (e.path, e.line, e.col))
+        super().__init__("\n".join(str(e) for e in self.errors))
+
+
+class StateError(ConveyorError):
+    """A saved loader state that does not fit this graph (other spec, params, rank, version)."""
+
+
+class SampleError(ConveyorError):
+    """One input item that cannot be used; the message names the file (and line) it came from."""
+
+
+class SourceError(ConveyorError, FileNotFoundError):
+    """A source that cannot be read at all (no file matches, no such bucket); names the URL."""

@@ -1,0 +1,218 @@
+"""The built-in ops as the compiler sees them: a params dataclass and a build function each.
+
+This is the one place that knows both the spec's words and the nodes' constructors. A build
+function receives the checked params, its input nodes and a ``BuildContext`` (node name,
+where it is in the spec, the graph's seed, rank and world) and returns a ``BaseNode``.
+A ``seed`` left out of a node means the graph's seed (the spec param ``seed``, else 0).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from conveyor.graphs.registry import Fn, OpSpec, param, resolve_fn
+from conveyor.nodes.batch import Batch
+from conveyor.nodes.collate import Collate
+from conveyor.nodes.filter import Filter
+from conveyor.nodes.list_files import ListFiles
+from conveyor.nodes.map import Map
+from conveyor.nodes.mix import Mix
+from conveyor.nodes.pin_memory import PinMemory
+from conveyor.nodes.prefetch import Prefetch
+from conveyor.nodes.shard import Shard
+from conveyor.nodes.shuffle_buffer import ShuffleBuffer
+from conveyor.nodes.to_device import ToDevice
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a build function may know about the graph around its node."""
+
+    name: str
+    op: str
+    where: str
+    seed: int
+    rank: int
+    world: int
+
+    def seed_for(self, seed: int | None) -> int:
+        return self.seed if seed is None else seed
+
+
+class Label(str, enum.Enum):
+    parent_dir = "parent_dir"
+
+
+class ShardBy(str, enum.Enum):
+    rank = "rank"
+    worker = "worker"
+
+
+class Method(str, enum.Enum):
+    thread = "thread"
+    process = "process"
+
+
+class OnError(str, enum.Enum):
+    raise_ = "raise"
+    skip = "skip"
+
+
+class Stop(str, enum.Enum):
+    all = "all"
+    first = "first"
+    forever = "forever"
+
+
+@dataclass(frozen=True)
+class ListFilesParams:
+    url: str = param(doc="fsspec glob: local path, file://, s3://...")
+    label: Label | None = param(None, doc="parent_dir: class index from the parent folder")
+    shuffle: bool = param(False, doc="permute the whole listing each epoch")
+    seed: int | None = param(None)
+    storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
+
+
+def _build_list_files(p: ListFilesParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return ListFiles(url=p.url, label=p.label.value if p.label else None, shuffle=p.shuffle,
+                     seed=ctx.seed_for(p.seed), storage_options=p.storage_options)
+
+
+@dataclass(frozen=True)
+class ShardParams:
+    by: list[ShardBy] = param(factory=lambda: [ShardBy.rank], doc="rank and/or worker")
+    rank: int | None = param(None, min=0, doc="default: torch.distributed, else $RANK, else 0")
+    world: int | None = param(None, min=1, doc="default: torch.distributed, else $WORLD_SIZE, else 1")
+
+
+def _build_shard(p: ShardParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    by_rank = ShardBy.rank in p.by
+    rank = (ctx.rank if p.rank is None else p.rank) if by_rank else 0
+    world = (ctx.world if p.world is None else p.world) if by_rank else 1
+    return Shard(inputs[0], rank=rank, world=world)
+
+
+@dataclass(frozen=True)
+class ShuffleBufferParams:
+    size: int = param(min=1, doc="items per shuffle window")
+    seed: int | None = param(None)
+
+
+def _build_shuffle(p: ShuffleBufferParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return ShuffleBuffer(inputs[0], size=p.size, seed=ctx.seed_for(p.seed), rank=ctx.rank)
+
+
+@dataclass(frozen=True)
+class MapParams:
+    fn: Fn = param(doc="module:attr, called as fn(item, **args)")
+    args: dict = param(factory=dict)
+    workers: int = param(0, min=0, doc="0 = inline")
+    method: Method = param(Method.thread)
+    on_error: OnError = param(OnError.raise_)
+    seed: int | None = param(None)
+    ordered: bool = param(True, doc="false: unordered results, not resumable")
+    mp_context: str | None = param(None, doc="spawn | fork | forkserver, for method: process")
+
+
+def _build_map(p: MapParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return Map(inputs[0], fn=resolve_fn(p.fn), args=p.args, workers=p.workers, method=p.method.value,
+               on_error=p.on_error.value, seed=ctx.seed_for(p.seed), rank=ctx.rank, where=ctx.where,
+               mp_context=p.mp_context)
+
+
+@dataclass(frozen=True)
+class FilterParams:
+    fn: Fn = param(doc="module:attr predicate, fn(item, **args) -> bool")
+    args: dict = param(factory=dict)
+
+
+def _build_filter(p: FilterParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return Filter(inputs[0], fn=resolve_fn(p.fn), args=p.args, where=ctx.where)
+
+
+@dataclass(frozen=True)
+class BatchParams:
+    size: int = param(min=1)
+    drop_last: bool = param(False)
+
+
+def _build_batch(p: BatchParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return Batch(inputs[0], size=p.size, drop_last=p.drop_last)
+
+
+@dataclass(frozen=True)
+class NoParams:
+    pass
+
+
+def _build_collate(p: NoParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return Collate(inputs[0], where=ctx.where)
+
+
+@dataclass(frozen=True)
+class PinMemoryParams:
+    enabled: bool | None = param(None, doc="null: pin when CUDA is available")
+
+
+def _build_pin(p: PinMemoryParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return PinMemory(inputs[0], enabled=p.enabled)
+
+
+@dataclass(frozen=True)
+class PrefetchParams:
+    depth: int = param(2, min=1)
+    snapshot_every: int = param(1, min=1)
+
+
+def _build_prefetch(p: PrefetchParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return Prefetch(inputs[0], depth=p.depth, snapshot_every=p.snapshot_every)
+
+
+@dataclass(frozen=True)
+class ToDeviceParams:
+    device: str = param("cuda", doc="cuda, cuda:N; passes through without CUDA")
+    non_blocking: bool = param(True)
+
+
+def _build_to_device(p: ToDeviceParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return ToDevice(inputs[0], device=p.device, non_blocking=p.non_blocking)
+
+
+@dataclass(frozen=True)
+class MixParams:
+    weights: list[float] = param(doc="one weight per input")
+    stop: Stop = param(Stop.all)
+    seed: int | None = param(None)
+
+
+def _build_mix(p: MixParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return Mix(inputs, weights=p.weights, stop=p.stop.value, seed=ctx.seed_for(p.seed))
+
+
+def _check_mix(p: MixParams, n_inputs: int) -> list[tuple[str, str]]:
+    errors = []
+    if len(p.weights) != n_inputs:
+        errors.append(("weights", f"expected one weight per input ({n_inputs}), got {len(p.weights)}"))
+    if any(w < 0 for w in p.weights) or not any(w > 0 for w in p.weights):
+        errors.append(("weights", "weights must be >= 0 and not all 0"))
+    return errors
+
+
+LIST_FILES = OpSpec("list_files", ListFilesParams, _build_list_files, "none",
+                    "files matching a glob, sorted, as {path, label, index}")
+SHARD = OpSpec("shard", ShardParams, _build_shard, "one", "keep this rank's share")
+SHUFFLE_BUFFER = OpSpec("shuffle_buffer", ShuffleBufferParams, _build_shuffle, "one",
+                        "shuffle within windows of `size` items")
+MAP = OpSpec("map", MapParams, _build_map, "one", "fn over items, in order, in threads or processes")
+FILTER = OpSpec("filter", FilterParams, _build_filter, "one", "drop items where fn is false")
+BATCH = OpSpec("batch", BatchParams, _build_batch, "one", "lists of `size` items")
+COLLATE = OpSpec("collate", NoParams, _build_collate, "one", "stack samples (default_collate)")
+PIN_MEMORY = OpSpec("pin_memory", PinMemoryParams, _build_pin, "one", "page-locked memory on CUDA")
+PREFETCH = OpSpec("prefetch", PrefetchParams, _build_prefetch, "one", "background thread, bounded queue")
+TO_DEVICE = OpSpec("to_device", ToDeviceParams, _build_to_device, "one",
+                   "copy batches to a GPU on a side stream, one ahead")
+MIX = OpSpec("mix", MixParams, _build_mix, "many", "weighted sampling over inputs", _check_mix)

@@ -1,0 +1,244 @@
+"""The table of ops: op name -> (params dataclass, build function, what inputs it takes).
+
+One table, read lazily: ``_BUILTIN`` maps each built-in op to ``module:attr`` of its
+``OpSpec``, imported the first time the op is looked up. Third-party packages add ops
+through the ``conveyor.ops`` entry-point group (each entry point loads an ``OpSpec``), or at
+run time through ``register``, which refuses to overwrite an existing op unless asked
+(``clobber=True``). Params are frozen dataclasses; their field types (``int``, ``float``,
+``bool``, ``str``, ``Fn``, ``list[...]``, ``dict``, enums, ``X | None``) are what the
+validator checks, and ``param(min=...)`` adds bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import typing
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable, Literal
+
+from conveyor.errors import ConveyorError
+
+Inputs = Literal["none", "one", "many"]
+
+
+class Fn(str):
+    """Marks a param as a callable named ``module:attr`` (imported when the spec is checked)."""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """What the compiler knows about one op.
+
+    Args:
+        name: the op's name in specs.
+        params: a frozen dataclass; its fields are the op's params.
+        build: ``build(params, inputs, ctx) -> BaseNode``.
+        inputs: ``"none"`` (a source), ``"one"`` or ``"many"`` (fan-in, inputs named as a list).
+        doc: one line for ``conveyor show`` and error hints.
+        check: optional ``check(params, n_inputs) -> [(param, message)]`` for rules that
+            span several params or the inputs.
+    """
+
+    name: str
+    params: type
+    build: Callable[..., Any]
+    inputs: Inputs = "one"
+    doc: str = ""
+    check: Callable[[Any, int], list[tuple[str, str]]] | None = None
+
+
+def param(default: Any = dataclasses.MISSING, *, min: float | None = None, doc: str = "",
+          factory: Callable[[], Any] | None = None) -> Any:
+    """A dataclass field with validation metadata (``min``) and a doc line."""
+    meta = {"min": min, "doc": doc}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+_BUILTIN: dict[str, str] = {
+    "batch": "conveyor.graphs.ops:BATCH",
+    "bucket_batch": "conveyor.graphs.ops_text:BUCKET_BATCH",
+    "collate": "conveyor.graphs.ops:COLLATE",
+    "filter": "conveyor.graphs.ops:FILTER",
+    "list_files": "conveyor.graphs.ops:LIST_FILES",
+    "map": "conveyor.graphs.ops:MAP",
+    "mix": "conveyor.graphs.ops:MIX",
+    "pad_collate": "conveyor.graphs.ops_text:PAD_COLLATE",
+    "pin_memory": "conveyor.graphs.ops:PIN_MEMORY",
+    "prefetch": "conveyor.graphs.ops:PREFETCH",
+    "read_jsonl": "conveyor.graphs.ops_text:READ_JSONL",
+    "shard": "conveyor.graphs.ops:SHARD",
+    "shuffle_buffer": "conveyor.graphs.ops:SHUFFLE_BUFFER",
+    "to_device": "conveyor.graphs.ops:TO_DEVICE",
+}
+_EXTRA: dict[str, OpSpec] = {}
+_LOADED: dict[str, OpSpec] = {}
+_ENTRY_POINTS_READ = False
+
+
+def _load_ref(ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _read_entry_points() -> None:
+    global _ENTRY_POINTS_READ
+    if _ENTRY_POINTS_READ:
+        return
+    _ENTRY_POINTS_READ = True
+    for ep in metadata.entry_points(group="conveyor.ops"):
+        if ep.name in _BUILTIN or ep.name in _EXTRA:
+            continue  # a plug-in never silently replaces an op
+        spec = ep.load()
+        if isinstance(spec, OpSpec):
+            _EXTRA[ep.name] = spec
+
+
+def register(spec: OpSpec, *, clobber: bool = False) -> None:
+    """Add an op at run time.
+
+    Raises:
+        ConveyorError: if the name is taken and ``clobber`` is false.
+    """
+    if not clobber and (spec.name in _BUILTIN or spec.name in _EXTRA):
+        raise ConveyorError(f"op '{spec.name}' is already registered; pass clobber=True to replace it")
+    _EXTRA[spec.name] = spec
+    _LOADED.pop(spec.name, None)
+
+
+def op_names() -> list[str]:
+    """Every known op, sorted."""
+    _read_entry_points()
+    return sorted(set(_BUILTIN) | set(_EXTRA))
+
+
+def get_op(name: str) -> OpSpec | None:
+    """The ``OpSpec`` for ``name``, or ``None`` if no such op exists."""
+    if name in _LOADED:
+        return _LOADED[name]
+    _read_entry_points()
+    if name in _EXTRA:
+        spec = _EXTRA[name]
+    elif name in _BUILTIN:
+        try:
+            spec = _load_ref(_BUILTIN[name])
+        except (ImportError, AttributeError) as exc:
+            raise ConveyorError(f"op '{name}' is registered as {_BUILTIN[name]} but cannot be "
+                                f"loaded: {exc}") from exc
+    else:
+        return None
+    _LOADED[name] = spec
+    return spec
+
+
+def resolve_fn(ref: Any) -> Callable:
+    """Import the callable named ``module:attr`` (``attr`` may be dotted).
+
+    Raises:
+        ValueError: with what went wrong (bad form, module missing, attribute missing).
+    """
+    if callable(ref):
+        return ref
+    if not isinstance(ref, str) or ":" not in ref:
+        raise ValueError(f"expected a callable named 'module:attr', got {ref!r}")
+    module_name, _, attr = ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module '{module_name}' for {ref!r}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            from conveyor.graphs.params import did_you_mean
+
+            raise ValueError(f"module '{module_name}' has no attribute '{attr}'" + did_you_mean(part, names))
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{ref!r} is not callable")
+    return obj
+
+
+def describe(hint: Any) -> str:
+    """A short human name for a type hint (``int``, ``list of str``, ``one of a|b``)."""
+    origin = typing.get_origin(hint)
+    if hint is Fn:
+        return "a callable 'module:attr'"
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return "one of " + "|".join(str(m.value) for m in hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return " or ".join(describe(a) for a in args) + " or null"
+    if origin is list:
+        (inner,) = typing.get_args(hint) or (Any,)
+        return f"a list of {describe(inner)}"
+    if origin is dict or hint is dict:
+        return "a mapping"
+    if hint is Any:
+        return "any value"
+    return {int: "an int", float: "a number", bool: "a bool (true/false)", str: "a string"}.get(
+        hint, getattr(hint, "__name__", str(hint)))
+
+
+def coerce(hint: Any, value: Any) -> Any:
+    """Check ``value`` against ``hint`` and return it in the param's type.
+
+    Raises:
+        TypeError: with the expected type, when the value does not fit.
+    """
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return coerce(a, value)
+            except TypeError:
+                pass
+        raise TypeError(describe(hint))
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise TypeError(describe(hint)) from None
+    if hint is Fn:
+        if not isinstance(value, str):
+            raise TypeError(describe(hint))
+        return Fn(value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise TypeError(describe(hint))
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise TypeError(describe(hint))
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise TypeError(describe(hint))
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise TypeError(describe(hint))
+    if origin is list:
+        (inner,) = typing.get_args(hint) or (Any,)
+        if not isinstance(value, list):
+            raise TypeError(describe(hint))
+        try:
+            return [coerce(inner, v) for v in value]
+        except TypeError:
+            raise TypeError(describe(hint)) from None
+    if origin is dict or hint is dict:
+        if isinstance(value, dict):
+            return value
+        raise TypeError(describe(hint))
+    raise TypeError(f"unsupported param type {hint!r}")  # a bug in an OpSpec, not in the spec

@@ -1,0 +1,348 @@
+"""Whole-spec checks, all errors at once, each with ``file:line:col``, node and param.
+
+``validate(doc, overrides)`` reads a parsed spec (with positions) and returns a ``Plan``: the
+merged params, every node with its op, typed params and resolved inputs, and the output.
+It never stops at the first problem: every mistake it can find is collected and raised
+together as ``SpecErrors``. What it checks: the spec's top-level keys; param overrides
+(unknown key, wrong type); ``${param}`` references; each node's op (with a did-you-mean),
+its params (unknown, missing, wrong type, out of range, ``fn`` that cannot be imported, a
+process map whose fn cannot be pickled); inputs (dangling, a source given an input, a fan-in
+op without a list); cycles; nodes nothing consumes; the output; and graph-level rules (an
+unordered map in a graph that must resume exactly; a shuffle buffer placed after a decode).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from conveyor.errors import SpecError, SpecErrors
+from conveyor.graphs.params import apply_overrides, did_you_mean, interpolate
+from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, op_names, resolve_fn
+from conveyor.graphs.yaml_loader import Located
+
+TOP_KEYS = ("params", "nodes", "output", "resumable", "description")
+NODE_KEYS = ("op", "input")
+SHUFFLE_AFTER_HEAVY_LIMIT = 64  # a shuffle window bigger than this after a decode is refused
+
+
+@dataclass
+class NodePlan:
+    """One node, checked: its op, typed params (a dataclass), input names and position."""
+
+    name: str
+    op: OpSpec
+    params: Any
+    inputs: list[str]
+    line: int
+    col: int
+    raw: dict[str, Any] = field(default_factory=dict)  # params after interpolation, as written
+
+
+@dataclass
+class Plan:
+    """A checked spec, ready to compile."""
+
+    path: str
+    params: dict[str, Any]
+    nodes: dict[str, NodePlan]
+    output: str
+    resumable: bool
+    seed: int
+
+
+class _Errors:
+    def __init__(self, doc: Located):
+        self.doc = doc
+        self.items: list[SpecError] = []
+
+    def add(self, message: str, at: tuple, *, key: bool = False, node: str | None = None,
+            op: str | None = None, param: str | None = None) -> None:
+        line, col = self.doc.where(at, key=key)
+        self.items.append(SpecError(message, self.doc.path, line, col, node, op, param))
+
+
+def _type_name(v: Any) -> str:
+    return {bool: "bool", int: "int", float: "float", str: "string", list: "list", dict: "mapping",
+            type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _check_params(op: OpSpec, name: str, body: dict[str, Any], params: Mapping[str, Any],
+                  errs: _Errors) -> tuple[Any, dict[str, Any]]:
+    fields = {f.name: f for f in dataclasses.fields(op.params)}
+    hints = typing.get_type_hints(op.params)
+    values: dict[str, Any] = {}
+    raw: dict[str, Any] = {}
+    ok = True
+    at_node = ("nodes", name)
+    for key, value in body.items():
+        if key in NODE_KEYS:
+            continue
+        if key not in fields:
+            choices = list(fields) + list(NODE_KEYS)
+            hint = did_you_mean(key, choices) or (
+                f"; {op.name} takes: {', '.join(fields) or 'no params'}")
+            errs.add(f"unknown param '{key}'{hint}", at_node + (key,), key=True, node=name, op=op.name,
+                     param=key)
+            ok = False
+            continue
+        try:
+            value = interpolate(value, params)
+        except KeyError as missing:
+            ref = missing.args[0]
+            errs.add(f"undefined param '${{{ref}}}'" + did_you_mean(ref, params)
+                     + f"; declare it under params: ({', '.join(sorted(params)) or 'none declared'})",
+                     at_node + (key,), node=name, op=op.name, param=key)
+            ok = False
+            continue
+        raw[key] = value
+        try:
+            typed = coerce(hints[key], value)
+        except TypeError as expected:
+            errs.add(f"expected {expected.args[0]}, got {_type_name(value)} {value!r}",
+                     at_node + (key,), node=name, op=op.name, param=key)
+            ok = False
+            continue
+        low = fields[key].metadata.get("min")
+        if low is not None and typed is not None and isinstance(typed, (int, float)) and typed < low:
+            what = "a positive int" if low == 1 else f"a value >= {low}"
+            errs.add(f"expected {what}, got {typed!r}", at_node + (key,), node=name, op=op.name, param=key)
+            ok = False
+            continue
+        if hints[key] is Fn:
+            try:
+                resolve_fn(typed)
+            except ValueError as exc:
+                errs.add(str(exc), at_node + (key,), node=name, op=op.name, param=key)
+                ok = False
+                continue
+        values[key] = typed
+    for fname, f in fields.items():
+        if fname not in values and fname not in body and f.default is dataclasses.MISSING \
+                and f.default_factory is dataclasses.MISSING:
+            errs.add(f"missing required param '{fname}'" + (f" ({f.metadata['doc']})" if f.metadata.get("doc") else ""),
+                     at_node, key=True, node=name, op=op.name, param=fname)
+            ok = False
+    if not ok:
+        return None, raw
+    return op.params(**values), raw
+
+
+def _inputs_of(name: str, body: dict[str, Any], op: OpSpec, previous: str | None,
+               errs: _Errors) -> list[str]:
+    at = ("nodes", name, "input")
+    given = body.get("input")
+    if op.inputs == "none":
+        if given is not None:
+            errs.add(f"{op.name} is a source and takes no input", at, key=True, node=name, op=op.name,
+                     param="input")
+        return []
+    if given is None:
+        if op.inputs == "many":
+            errs.add(f"{op.name} combines several inputs: name them, e.g. input: [a, b]", ("nodes", name),
+                     key=True, node=name, op=op.name, param="input")
+            return []
+        if previous is None:
+            errs.add("no input: this is the first node, so name an input or start with a source "
+                     "such as list_files", ("nodes", name), key=True, node=name, op=op.name, param="input")
+            return []
+        return [previous]
+    names = [given] if isinstance(given, str) else given
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not names:
+        errs.add(f"input must be a node name or a list of names, got {given!r}", at, node=name,
+                 op=op.name, param="input")
+        return []
+    if op.inputs == "one" and len(names) != 1:
+        errs.add(f"{op.name} takes one input, got {len(names)}", at, node=name, op=op.name, param="input")
+        return []
+    return names
+
+
+def _find_cycle(inputs: dict[str, list[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in inputs.get(n, []):
+            if m not in inputs:
+                continue
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in inputs:
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def _upstream(name: str, inputs: dict[str, list[str]]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(inputs.get(name, []))
+    while todo:
+        n = todo.pop()
+        if n in seen or n not in inputs:
+            continue
+        seen.add(n)
+        todo.extend(inputs[n])
+    return seen
+
+
+def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
+    """Check a parsed spec and return its ``Plan``.
+
+    Args:
+        doc: the spec as read by ``load_yaml``.
+        overrides: typed param overrides (keyword arguments or ``--set``).
+
+    Raises:
+        SpecErrors: every problem found, in file order.
+    """
+    errs = _Errors(doc)
+    data = doc.data
+    if not isinstance(data, dict):
+        errs.add("a spec is a mapping with 'params', 'nodes' and 'output'", ())
+        raise SpecErrors(errs.items)
+    for key in data:
+        if key not in TOP_KEYS:
+            errs.add(f"unknown top-level key '{key}'" + did_you_mean(key, TOP_KEYS)
+                     + f"; a spec has: {', '.join(TOP_KEYS)}", (key,), key=True)
+
+    declared = data.get("params") or {}
+    if not isinstance(declared, dict):
+        errs.add("params must be a mapping of name: default", ("params",))
+        declared = {}
+    line, col = doc.where(("params",), key=True) if "params" in data else (1, 1)
+    params, override_errors = apply_overrides(declared, dict(overrides or {}), where=(doc.path, line, col))
+    errs.items.extend(override_errors)
+
+    resumable = data.get("resumable", True)
+    if not isinstance(resumable, bool):
+        errs.add(f"resumable must be true or false, got {resumable!r}", ("resumable",))
+        resumable = True
+
+    raw_nodes = data.get("nodes")
+    nodes: dict[str, NodePlan] = {}
+    if not isinstance(raw_nodes, dict) or not raw_nodes:
+        errs.add("the spec needs 'nodes': a mapping of name: {op: ..., params}",
+                 ("nodes",) if "nodes" in data else ())
+        raise SpecErrors(errs.items)
+
+    known = op_names()
+    previous: str | None = None
+    for name, body in raw_nodes.items():
+        at = ("nodes", name)
+        nline, ncol = doc.where(at, key=True)
+        if not isinstance(body, dict):
+            errs.add(f"a node is a mapping like {{op: batch, size: 32}}, got {_type_name(body)}", at,
+                     node=name)
+            previous = name
+            continue
+        op_name = body.get("op")
+        if op_name is None:
+            errs.add("missing 'op'", at, key=True, node=name, param="op")
+            previous = name
+            continue
+        op = get_op(op_name) if isinstance(op_name, str) else None
+        if op is None:
+            errs.add(f"unknown op '{op_name}'" + did_you_mean(str(op_name), known)
+                     + ("" if did_you_mean(str(op_name), known) else f"; known ops: {', '.join(known)}"),
+                     at + ("op",), node=name, param="op")
+            previous = name
+            continue
+        inputs = _inputs_of(name, body, op, previous, errs)
+        typed, raw = _check_params(op, name, body, params, errs)
+        if typed is not None and op.check is not None:
+            for pname, message in op.check(typed, len(inputs)):
+                errs.add(message, at + (pname,), node=name, op=op.name, param=pname)
+        nodes[name] = NodePlan(name, op, typed, inputs, nline, ncol, raw)
+        previous = name
+
+    # inputs must exist
+    all_names = list(raw_nodes)
+    for plan in nodes.values():
+        for i, inp in enumerate(plan.inputs):
+            if inp not in raw_nodes:
+                at = ("nodes", plan.name, "input") + ((i,) if isinstance(raw_nodes[plan.name].get("input"), list) else ())
+                errs.add(f"input '{inp}' is not defined" + did_you_mean(inp, all_names), at, node=plan.name,
+                         op=plan.op.name, param="input")
+
+    graph = {n: [i for i in p.inputs if i in raw_nodes] for n, p in nodes.items()}
+    cycle = _find_cycle(graph)
+    if cycle:
+        first = cycle[0]
+        errs.add("cycle: " + " -> ".join(reversed(cycle)), ("nodes", first), key=True, node=first,
+                 op=nodes[first].op.name)
+
+    output = data.get("output", all_names[-1])
+    if not isinstance(output, str) or output not in raw_nodes:
+        errs.add(f"output '{output}' is not a node" + did_you_mean(str(output), all_names),
+                 ("output",) if "output" in data else ("nodes",), param="output")
+    elif not cycle:
+        used = {i for p in nodes.values() for i in p.inputs}
+        consumers: dict[str, list[str]] = {}
+        for p in nodes.values():
+            for i in p.inputs:
+                consumers.setdefault(i, []).append(p.name)
+        for n, by in consumers.items():
+            if len(by) > 1:
+                errs.add(f"node '{n}' feeds {len(by)} nodes ({', '.join(by)}): a stream can feed only "
+                         "one node; build a second source for the other branch", ("nodes", by[1]),
+                         key=True, node=by[1], op=nodes[by[1]].op.name, param="input")
+        for n in all_names:
+            if n not in used and n != output:
+                errs.add(f"nothing consumes node '{n}' and it is not the output '{output}': "
+                         "remove it or name it as an input", ("nodes", n), key=True, node=n,
+                         op=nodes[n].op.name if n in nodes else None)
+        _graph_rules(nodes, graph, resumable, errs)
+
+    seed = params.get("seed", 0)
+    if errs.items:
+        raise SpecErrors(errs.items)
+    return Plan(doc.path, params, nodes, output, resumable, seed if isinstance(seed, int) else 0)
+
+
+def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resumable: bool,
+                 errs: _Errors) -> None:
+    for plan in nodes.values():
+        p = plan.params
+        if p is None:
+            continue
+        if plan.op.name == "map":
+            if not p.ordered and resumable:
+                errs.add("an unordered map cannot resume exactly (its output order depends on "
+                         "timing); set ordered: true, or declare 'resumable: false' for the graph",
+                         ("nodes", plan.name, "ordered"), node=plan.name, op="map", param="ordered")
+            if p.method.value == "process":
+                try:
+                    pickle.dumps(resolve_fn(p.fn))
+                except Exception as exc:
+                    errs.add(f"method: process sends fn to worker processes, but {p.fn!r} cannot be "
+                             f"pickled ({type(exc).__name__}); define it at module level or use "
+                             "method: thread", ("nodes", plan.name, "fn"), node=plan.name, op="map",
+                             param="fn")
+        if plan.op.name == "shuffle_buffer" and p.size > SHUFFLE_AFTER_HEAVY_LIMIT:
+            for up in _upstream(plan.name, graph):
+                up_plan = nodes.get(up)
+                if up_plan is None or up_plan.params is None or up_plan.op.name != "map":
+                    continue
+                if getattr(resolve_fn(up_plan.params.fn), "heavy_output", False):
+                    errs.add(f"a shuffle buffer of {p.size} items after '{up}' ({up_plan.params.fn}) holds "
+                             "decoded samples: memory grows with the buffer and a restore re-decodes a "
+                             "whole window; shuffle the small records before decoding (move this node "
+                             f"above '{up}')", ("nodes", plan.name, "size"), node=plan.name,
+                             op="shuffle_buffer", param="size")
+                    break

@@ -1,0 +1,483 @@
+"""Built-in image map functions: decode, train crop, eval crop.
+
+These are the functions a spec names as ``fn: conveyor.image:train_transform`` and the
+like. Each is a pure function of ``(item, rng, args)``: the item is a record from
+``list_files`` or ``read_tar``, ``rng`` is a ``random.Random`` the map node seeds per
+sample from (seed, epoch, sample index), and the result depends on nothing else, so it
+is the same whatever the number of workers or the timing.
+
+An item is a dict that names an image either by ``path`` (a local path or any fsspec
+URL) or carries its encoded bytes under ``bytes`` (or a WebDataset key: ``jpg``,
+``jpeg``, ``png``, ``webp``), with a ``label`` (or WebDataset ``cls``) and an
+``index``. Every function returns ``{"image": uint8 CHW tensor, "label", "index"}``.
+
+Where the time goes, and what is done about it:
+
+* JPEG decode is most of the cost. :func:`train_transform` and :func:`eval_transform`
+  pick the crop box from the header size first, then ask libjpeg to decode at 1/2, 1/4
+  or 1/8 scale (``Image.draft``) when the crop, so reduced, is still at least the output
+  size. The crop box is chosen before and independently of that, so randomness and
+  geometry are exactly those of a full decode; pixels differ only by the DCT-domain
+  downscale (typically 40+ dB PSNR against a full decode).
+* An image that is already RGB is not copied by a ``convert("RGB")``.
+* Normalisation is not done here. A uint8 tensor is a quarter the size of a float32 one
+  through every queue, pin and host-to-device copy; normalise on the GPU with
+  :func:`normalize` and :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`.
+
+Colour: grayscale (``1``, ``L``, ``LA``, ``P``, ``I;16``, ``I``, ``F``), CMYK and
+YCbCr images come out as RGB. An alpha channel (``RGBA``, ``LA``, ``PA``, a
+transparent palette) is dropped, keeping the stored colour, as ``convert("RGB")`` and
+torchvision's ``ImageFolder`` loader do; it is not composited. 16-bit images keep their
+top 8 bits. EXIF orientation is not applied (as with torchvision's loader).
+
+Errors: an item that cannot be read or decoded (missing file, zero bytes, not an
+image, truncated or corrupt data) raises :class:`conveyor.errors.SampleError` naming
+the path (or the index when there is no path) and the cause, with the original
+exception chained. Truncated files always fail: this module never sets
+``ImageFile.LOAD_TRUNCATED_IMAGES`` and always forces a full ``load()``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import random
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from conveyor.errors import SampleError
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "decode",
+    "eval_transform",
+    "normalize",
+    "random_resized_crop_box",
+    "train_transform",
+]
+
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+"""Per-channel mean of ImageNet in [0, 1] RGB, for :func:`normalize`."""
+
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+"""Per-channel standard deviation of ImageNet in [0, 1] RGB, for :func:`normalize`."""
+
+_BYTES_KEYS = ("bytes", "jpg", "jpeg", "png", "webp")
+_DRAFT_SCALES = (8, 4, 2, 1)
+_RESAMPLE = Image.Resampling.BILINEAR
+# Image.resize first box-reduces by an integer factor when the remaining downscale is at
+# least this; after a draft decode the remaining factor is below 2, so it only acts on
+# non-JPEG inputs and on crops more than 8x the output.
+_REDUCING_GAP = 3.0
+# What Pillow raises for bad data: OSError covers missing files, UnidentifiedImageError
+# and "image file is truncated"; the rest come from plugins and codecs.
+_DATA_ERRORS = (
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    struct.error,
+    zlib.error,
+    Image.DecompressionBombError,
+)
+
+
+def decode(
+    item: Mapping[str, Any], *, mode: str = "RGB", rng: random.Random | None = None
+) -> dict[str, Any]:
+    """Decode an item's image at full resolution, with no crop or resize.
+
+    Args:
+        item: a record with ``path`` and/or ``bytes`` (or ``jpg``/``jpeg``/``png``/
+            ``webp``), ``label`` (or ``cls``) and ``index``.
+        mode: ``"RGB"`` (3 channels), ``"L"`` (1 channel) or ``"RGBA"`` (4 channels).
+        rng: accepted for a uniform map signature and unused: decoding is not random.
+
+    Returns:
+        ``{"image": uint8 tensor of shape (C, H, W), "label": ..., "index": ...}``.
+
+    Raises:
+        SampleError: the image cannot be read or decoded; the message names the path.
+
+    Example:
+        >>> out = decode({"path": "cat.jpg", "label": 3, "index": 0})
+        >>> out["image"].dtype, out["image"].shape[0]
+        (torch.uint8, 3)
+    """
+    del rng
+    if mode not in ("RGB", "L", "RGBA"):
+        raise ValueError(f"{mode=} must be one of 'RGB', 'L', 'RGBA'")
+    where = _where(item)
+    data = _read_bytes(item, where)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            if mode == "RGB" or img.mode in _HIGH_DEPTH:
+                img = _to_rgb(img)
+            if img.mode != mode:
+                img = img.convert(mode)
+            image = _to_tensor(img)
+    except _DATA_ERRORS as e:
+        raise _sample_error(where, e) from e
+    return _result(item, image)
+
+
+def train_transform(
+    item: Mapping[str, Any],
+    *,
+    size: int | Sequence[int] = 224,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    flip: bool = True,
+    rng: random.Random,
+) -> dict[str, Any]:
+    """Decode, random-resized-crop and maybe flip an image, for training.
+
+    The crop follows torchvision's ``RandomResizedCrop`` rule exactly: up to 10 tries of
+    an area drawn uniformly from ``scale`` times the image area and an aspect ratio drawn
+    log-uniformly from ``ratio``, the first that fits being placed uniformly; else a
+    centre crop of the whole image clamped to the ratio range. The crop is resized to
+    ``size`` (bilinear, antialiased), then flipped left-right with probability 0.5.
+
+    Fused decode, and its exactness rule: the crop box is chosen in full-resolution
+    coordinates from the JPEG header alone. Then the JPEG is decoded at the largest DCT
+    reduction (1/1, 1/2, 1/4, 1/8) at which the crop box, reduced, is still at least the
+    output size in both dimensions, so the decode never goes below the output
+    resolution for the chosen crop. The box is mapped into the reduced image and
+    resized to the output. The crop box and the flip are the same as without the
+    draft, so randomness and geometry are identical; pixels differ only by the
+    DCT-domain downscale. Non-JPEG images are decoded in full.
+
+    The output is not normalised; see :func:`normalize`.
+
+    Args:
+        item: a record with ``path`` and/or ``bytes`` (or ``jpg``/``jpeg``/``png``/
+            ``webp``), ``label`` (or ``cls``) and ``index``.
+        size: output size, an int for a square or ``[height, width]``.
+        scale: range of the crop's area as a fraction of the image's area.
+        ratio: range of the crop's aspect ratio (width / height).
+        flip: flip left-right with probability 0.5.
+        rng: the per-sample random source; draws the crop, then the flip.
+
+    Returns:
+        ``{"image": uint8 contiguous tensor (3, H, W), "label": ..., "index": ...}``.
+
+    Raises:
+        SampleError: the image cannot be read or decoded; the message names the path.
+
+    Example:
+        >>> out = train_transform({"path": "cat.jpg", "label": 3, "index": 0},
+        ...                       size=224, rng=random.Random(0))
+        >>> out["image"].shape
+        torch.Size([3, 224, 224])
+    """
+    out_h, out_w = _size_hw(size, "size")
+    scale = _range(scale, "scale")
+    ratio = _range(ratio, "ratio")
+    where = _where(item)
+    data = _read_bytes(item, where)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            top, left, h, w = random_resized_crop_box(
+                img.width, img.height, scale=scale, ratio=ratio, rng=rng
+            )
+            out, _ = _decode_region(img, (left, top, left + w, top + h), (out_w, out_h))
+    except _DATA_ERRORS as e:
+        raise _sample_error(where, e) from e
+    if flip and rng.random() < 0.5:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return _result(item, _to_tensor(out))
+
+
+def eval_transform(
+    item: Mapping[str, Any],
+    *,
+    size: int | Sequence[int] = 224,
+    resize: int = 256,
+    rng: random.Random | None = None,
+) -> dict[str, Any]:
+    """Decode, resize the shorter side to ``resize`` and centre-crop ``size``, for eval.
+
+    Same geometry as torchvision's ``Resize(resize)`` then ``CenterCrop(size)``, done as
+    one resize of the matching box of the original image, with the same draft rule as
+    :func:`train_transform`: the JPEG is decoded at the largest DCT reduction at which
+    that box is still at least ``size``; the box never changes.
+
+    Args:
+        item: a record with ``path`` and/or ``bytes``, ``label`` and ``index``.
+        size: output size, an int for a square or ``[height, width]``.
+        resize: the shorter side after resizing; at least the larger of ``size``.
+        rng: accepted for a uniform map signature and unused: eval is not random.
+
+    Returns:
+        ``{"image": uint8 contiguous tensor (3, H, W), "label": ..., "index": ...}``.
+
+    Raises:
+        SampleError: the image cannot be read or decoded; the message names the path.
+
+    Example:
+        >>> eval_transform({"path": "cat.jpg", "label": 3, "index": 0})["image"].shape
+        torch.Size([3, 224, 224])
+    """
+    del rng
+    out_h, out_w = _size_hw(size, "size")
+    if isinstance(resize, bool) or not isinstance(resize, int) or resize < max(out_h, out_w):
+        raise ValueError(f"{resize=} must be an int >= the larger side of {size=}")
+    where = _where(item)
+    data = _read_bytes(item, where)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            box = _center_crop_box(img.width, img.height, resize, out_h, out_w)
+            out, _ = _decode_region(img, box, (out_w, out_h))
+    except _DATA_ERRORS as e:
+        raise _sample_error(where, e) from e
+    return _result(item, _to_tensor(out))
+
+
+def random_resized_crop_box(
+    width: int,
+    height: int,
+    *,
+    scale: Sequence[float] = (0.08, 1.0),
+    ratio: Sequence[float] = (3 / 4, 4 / 3),
+    rng: random.Random,
+) -> tuple[int, int, int, int]:
+    """Choose a crop the way torchvision's ``RandomResizedCrop.get_params`` does.
+
+    Args:
+        width: image width in pixels.
+        height: image height in pixels.
+        scale: range of the crop's area as a fraction of the image's area.
+        ratio: range of the crop's aspect ratio (width / height).
+        rng: the random source; consumes 2 draws per attempt and 2 for the placement.
+
+    Returns:
+        ``(top, left, crop_height, crop_width)`` in pixels.
+
+    Example:
+        >>> random_resized_crop_box(500, 375, rng=random.Random(0))
+        (3, 5, 372, 432)
+    """
+    area = width * height
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(log_lo, log_hi))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = rng.randint(0, height - h)
+            left = rng.randint(0, width - w)
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w = width
+        h = int(round(w / min(ratio)))
+    elif in_ratio > max(ratio):
+        h = height
+        w = int(round(h * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def normalize(
+    images: torch.Tensor,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Turn a uint8 batch into normalised floats, on whatever device it is on.
+
+    Call it in the training step, after the batch is on the GPU, not in the loader.
+
+    Args:
+        images: uint8 tensor ``(N, C, H, W)`` or ``(C, H, W)``, values 0..255.
+        mean: per-channel mean in [0, 1] units.
+        std: per-channel standard deviation in [0, 1] units.
+        dtype: floating dtype of the result.
+
+    Returns:
+        ``(images / 255 - mean) / std`` as ``dtype``.
+
+    Example:
+        >>> x = normalize(batch["image"].cuda(non_blocking=True))
+    """
+    m = torch.tensor(mean, dtype=dtype, device=images.device).mul_(255).view(-1, 1, 1)
+    s = torch.tensor(std, dtype=dtype, device=images.device).mul_(255).view(-1, 1, 1)
+    return images.to(dtype).sub_(m).div_(s)
+
+
+for _fn in (decode, train_transform, eval_transform):
+    _fn.heavy_output = True  # type: ignore[attr-defined]
+del _fn
+
+
+# --- helpers -------------------------------------------------------------------------
+
+_HIGH_DEPTH = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
+
+
+def _size_hw(size: int | Sequence[int], name: str) -> tuple[int, int]:
+    """``size`` as (height, width): an int is a square, a pair is [height, width]."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        hw = (size, size)
+    elif isinstance(size, Sequence) and not isinstance(size, str) and len(size) == 2:
+        hw = tuple(size)
+    else:
+        raise ValueError(f"{name}={size!r} must be an int or [height, width]")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in hw):
+        raise ValueError(f"{name}={size!r} must be positive ints")
+    return hw  # type: ignore[return-value]
+
+
+def _range(value: Sequence[float], name: str) -> tuple[float, float]:
+    """A (low, high) pair of positive numbers with low <= high."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
+        raise ValueError(f"{name}={value!r} must be a pair [low, high]")
+    lo, hi = float(value[0]), float(value[1])
+    if not 0 < lo <= hi:
+        raise ValueError(f"{name}={value!r} must satisfy 0 < low <= high")
+    return lo, hi
+
+
+def _draft_scale(crop_w: float, crop_h: float, out_w: int, out_h: int) -> int:
+    """The largest DCT reduction keeping the crop at least the output size."""
+    for s in _DRAFT_SCALES:
+        if crop_w >= s * out_w and crop_h >= s * out_h:
+            return s
+    return 1
+
+
+def _decode_region(
+    img: Image.Image, box: tuple[float, float, float, float], out_size: tuple[int, int]
+) -> tuple[Image.Image, int]:
+    """Decode ``box`` of a lazily opened image into an RGB image of ``out_size``.
+
+    Returns the image and the DCT reduction the decode used (1 when none).
+    """
+    width, height = img.size
+    x0, y0, x1, y1 = box
+    scale = 1
+    s = _draft_scale(x1 - x0, y1 - y0, *out_size)
+    if s > 1 and img.format == "JPEG":
+        # Pillow picks the largest of 8/4/2/1 not above min(W // w', H // h'); with
+        # w' = W // s that is exactly s.
+        drafted = img.draft("RGB", (width // s, height // s))
+        if drafted is not None:
+            bw, bh = drafted[1][2], drafted[1][3]
+            scale = round(width / bw)
+            box = (x0 * bw / width, y0 * bh / height, x1 * bw / width, y1 * bh / height)
+    img.load()
+    rgb = _to_rgb(img)
+    out = rgb.resize(out_size, _RESAMPLE, box=box, reducing_gap=_REDUCING_GAP)
+    return out, scale
+
+
+def _center_crop_box(
+    width: int, height: int, resize: int, out_h: int, out_w: int
+) -> tuple[float, float, float, float]:
+    """The box of the original that ``Resize(resize)`` then ``CenterCrop`` keeps."""
+    if width <= height:
+        new_w, new_h = resize, int(resize * height / width)
+    else:
+        new_h, new_w = resize, int(resize * width / height)
+    top = int(round((new_h - out_h) / 2.0))
+    left = int(round((new_w - out_w) / 2.0))
+    fx, fy = width / new_w, height / new_h
+    return (left * fx, top * fy, (left + out_w) * fx, (top + out_h) * fy)
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """The image as RGB, without a copy when it already is."""
+    if img.mode == "RGB":
+        return img
+    if img.mode in _HIGH_DEPTH:
+        arr = np.asarray(img)
+        if img.mode == "F":
+            arr8 = np.clip(arr, 0, 255).astype(np.uint8)
+        else:  # 16-bit samples (PNG, TIFF): keep the top 8 bits
+            arr8 = (np.clip(arr, 0, 65535) >> 8).astype(np.uint8)
+        return Image.fromarray(arr8).convert("RGB")
+    if img.mode == "P" and "transparency" in img.info:
+        # converting straight to RGB warns about the transparency; go through RGBA
+        # and drop the alpha, as documented.
+        return img.convert("RGBA").convert("RGB")
+    return img.convert("RGB")
+
+
+def _to_tensor(img: Image.Image) -> torch.Tensor:
+    """A contiguous uint8 (C, H, W) tensor of an 8-bit image."""
+    arr = np.asarray(img)
+    if arr.ndim == 2:
+        return torch.from_numpy(arr.copy()).unsqueeze(0)
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+
+
+def _result(item: Mapping[str, Any], image: torch.Tensor) -> dict[str, Any]:
+    label = item.get("label")
+    if label is None and "cls" in item:
+        label = item["cls"]
+        if isinstance(label, (bytes, bytearray)):
+            label = label.decode("utf-8")
+        if isinstance(label, str):
+            label = int(label.strip())
+    return {"image": image, "label": label, "index": item.get("index")}
+
+
+def _where(item: Mapping[str, Any]) -> str:
+    path = item.get("path")
+    if path is not None:
+        return f"image {os.fspath(path)!r}"
+    return f"image at index {item.get('index')!r}"
+
+
+def _read_bytes(item: Mapping[str, Any], where: str) -> bytes:
+    for key in _BYTES_KEYS:
+        data = item.get(key)
+        if data is not None:
+            break
+    else:
+        path = item.get("path")
+        if path is None:
+            raise SampleError(f"{where}: item has neither 'path' nor any of {_BYTES_KEYS}")
+        data = _read_path(os.fspath(path), where)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise SampleError(f"{where}: expected bytes, got {type(data).__name__}")
+    if len(data) == 0:
+        raise SampleError(f"{where}: empty file (0 bytes)")
+    return data
+
+
+def _read_path(path: str, where: str) -> bytes:
+    protocol, sep, rest = path.partition("://")
+    try:
+        if not sep or protocol == "file":
+            with open(rest if sep else path, "rb") as f:
+                return f.read()
+        import fsspec
+
+        with fsspec.open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise _sample_error(where, e) from e
+
+
+def _sample_error(where: str, e: BaseException) -> SampleError:
+    if isinstance(e, FileNotFoundError):
+        what = "file not found"
+    elif isinstance(e, Image.UnidentifiedImageError):
+        what = "not a recognised image format"
+    elif "truncated" in str(e).lower():
+        what = "truncated image data"
+    else:
+        what = "cannot decode"
+    return SampleError(f"{where}: {what} ({type(e).__name__}: {e})")

@@ -1,0 +1,208 @@
+"""map: apply a function to every item, in order, in threads or processes.
+
+``fn(item, **args)`` runs inline (``workers=0``) or on ``workers`` threads or processes
+(torchdata's ``ParallelMapper``, ordered). If ``fn`` takes an ``rng`` argument it receives a
+``random.Random`` seeded from (seed, epoch, sample index), where the sample index is the
+item's ``"index"`` field when it has one (list_files records do) and the item's position in
+this node's input otherwise (then the rank is mixed in too). Outputs therefore never depend
+on the number of workers, the method, or timing.
+
+Errors in ``fn`` are raised in the caller's thread as the original exception with a note
+naming the node (``on_error="raise"``), or counted and skipped (``on_error="skip"``); the
+count is in ``stats()["skipped"]`` and the first few are logged with their messages.
+
+The state is the same whatever the workers: the input's state plus how many items after it
+were already emitted. A restore re-reads those few input records but does not map them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import pickle
+import random
+from typing import Any, Callable
+
+from torchdata.nodes import BaseNode, ParallelMapper
+
+from conveyor.nodes._rng import derive_seed
+from conveyor.nodes._threads import shutdown_torchdata
+
+log = logging.getLogger(__name__)
+
+METHODS = ("thread", "process")
+ON_ERROR = ("raise", "skip")
+_LOGGED_SKIPS = 5
+
+
+class _Enumerate(BaseNode):
+    """(position, item) pairs; the position is part of the state."""
+
+    SOURCE_KEY = "source"
+    POS_KEY = "pos"
+
+    def __init__(self, source: BaseNode):
+        super().__init__()
+        self.source = source
+        self.pos = 0
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.source.reset(None if initial_state is None else initial_state[self.SOURCE_KEY])
+        self.pos = 0 if initial_state is None else initial_state[self.POS_KEY]
+
+    def next(self):
+        item = next(self.source)
+        self.pos += 1
+        return self.pos - 1, item
+
+    def get_state(self) -> dict:
+        return {self.SOURCE_KEY: self.source.state_dict(), self.POS_KEY: self.pos}
+
+
+class _Failed:
+    """An exception raised by ``fn``, carried back to the caller's thread."""
+
+    __slots__ = ("exc", "text")
+
+    def __init__(self, exc: BaseException):
+        self.text = f"{type(exc).__name__}: {exc}"
+        try:
+            pickle.dumps(exc)
+            self.exc: BaseException | None = exc
+        except Exception:  # an exception a process cannot send back: keep its text
+            self.exc = None
+
+
+class _Call:
+    """The picklable callable that workers run: seeds the rng, calls fn, catches errors."""
+
+    def __init__(self, fn: Callable, args: dict[str, Any], seed: int, rank: int):
+        self.fn = fn
+        self.args = dict(args)
+        self.seed = seed
+        self.rank = rank
+        self.epoch = 0
+        try:
+            self.wants_rng = "rng" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            self.wants_rng = False
+
+    def sample_seed(self, pos: int, item: Any) -> int:
+        index = item.get("index") if isinstance(item, dict) else None
+        if isinstance(index, int):
+            return derive_seed(self.seed, self.epoch, index)
+        return derive_seed(self.seed, self.epoch, self.rank, pos, 1)
+
+    def __call__(self, pair: tuple[int, Any]) -> Any:
+        pos, item = pair
+        try:
+            if self.wants_rng:
+                return self.fn(item, rng=random.Random(self.sample_seed(pos, item)), **self.args)
+            return self.fn(item, **self.args)
+        except Exception as exc:  # carried to the caller, re-raised or counted there
+            return _Failed(exc)
+
+
+class Map(BaseNode):
+    """Apply ``fn`` to every item, keeping the input order.
+
+    Args:
+        source: the input stream.
+        fn: a callable ``fn(item, **args)``; give it an ``rng`` parameter for per-sample randomness.
+        args: keyword arguments for ``fn``.
+        workers: 0 runs inline; N > 0 runs N threads or processes.
+        method: ``"thread"`` (Pillow and torch release the GIL) or ``"process"`` (pure-Python fns).
+        on_error: ``"raise"`` or ``"skip"`` (counted in ``stats()``).
+        seed: base seed for the ``rng``.
+        rank: mixed into the seed of items without an ``"index"``.
+        where: text for error notes, e.g. ``"node 'decode' (map) from specs/x.yaml:18"``.
+        mp_context: multiprocessing start method for ``method="process"``.
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> list(Map(IterableWrapper([1, 2]), fn=lambda x: x * 10))
+        [10, 20]
+    """
+
+    SOURCE_KEY = "source"
+    SKIP_KEY = "skip"
+
+    def __init__(self, source: BaseNode, *, fn: Callable, args: dict[str, Any] | None = None,
+                 workers: int = 0, method: str = "thread", on_error: str = "raise", seed: int = 0,
+                 rank: int = 0, where: str | None = None, mp_context: str | None = None,
+                 max_concurrent: int | None = None):
+        super().__init__()
+        if not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"{workers=} must be an int >= 0")
+        if method not in METHODS:
+            raise ValueError(f"{method=} must be one of {METHODS}")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"{on_error=} must be one of {ON_ERROR}")
+        self.source = _Enumerate(source)
+        self.call = _Call(fn, args or {}, seed, rank)
+        self.workers = workers
+        self.method = method
+        self.on_error = on_error
+        self.where = where or f"map {getattr(fn, '__name__', fn)!r}"
+        self.mp_context = mp_context
+        self.max_concurrent = max_concurrent
+        self.skipped = 0
+        self._pm: ParallelMapper | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.call.epoch = epoch
+
+    def stats(self) -> dict[str, int]:
+        return {"skipped": self.skipped}
+
+    def close(self) -> None:
+        if self._pm is not None:
+            shutdown_torchdata(self._pm)
+            self._pm = None
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.close()
+        pm_state = None
+        if initial_state is None:
+            if self.workers == 0:
+                self.source.reset()
+        else:
+            src, skip = initial_state[self.SOURCE_KEY], initial_state[self.SKIP_KEY]
+            if self.workers == 0 or skip:
+                self.source.reset(src)
+                for _ in range(skip):
+                    next(self.source)  # emitted before the save: re-read, not re-mapped
+                src = self.source.state_dict()
+            pm_state = {ParallelMapper.IT_STATE_KEY: {"snapshot": src, "steps_since_snapshot": 0}}
+        if self.workers == 0:
+            return
+        self._pm = ParallelMapper(
+            self.source, self.call, num_workers=self.workers, in_order=True, method=self.method,
+            multiprocessing_context=self.mp_context, max_concurrent=self.max_concurrent,
+            snapshot_frequency=1)
+        self._pm.reset(pm_state)
+
+    def next(self):
+        while True:
+            out = next(self._pm) if self._pm is not None else self.call(next(self.source))
+            if not isinstance(out, _Failed):
+                return out
+            self._fail(out)
+
+    def _fail(self, failed: _Failed) -> None:
+        if self.on_error == "raise":
+            exc = failed.exc if failed.exc is not None else RuntimeError(failed.text)
+            exc.add_note(f"in {self.where}")
+            raise exc
+        self.skipped += 1
+        if self.skipped <= _LOGGED_SKIPS:
+            log.warning("%s: skipped an item (%s)%s", self.where, failed.text,
+                        "; further skips are only counted" if self.skipped == _LOGGED_SKIPS else "")
+
+    def get_state(self) -> dict:
+        if self._pm is None:
+            return {self.SOURCE_KEY: self.source.state_dict(), self.SKIP_KEY: 0}
+        it_state = self._pm.state_dict()[ParallelMapper.IT_STATE_KEY]
+        return {self.SOURCE_KEY: it_state["snapshot"], self.SKIP_KEY: it_state["steps_since_snapshot"]}

@@ -1,0 +1,369 @@
+"""Tests for conveyor.image: shapes, determinism, the fused draft decode, colour modes, errors."""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+from pathlib import Path
+
+import fsspec
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from conveyor import image as ci
+from conveyor.errors import SampleError
+
+OUT = 224
+
+
+def _textured(width: int, height: int, seed: int = 0) -> Image.Image:
+    """Smooth colour structure plus grain, so a shift of a few pixels changes the pixels."""
+    rng = np.random.default_rng(seed)
+    small = Image.fromarray(rng.integers(0, 256, (max(height // 40, 2), max(width // 40, 2), 3), dtype=np.uint8))
+    base = np.asarray(small.resize((width, height), Image.Resampling.BICUBIC), np.float32)
+    base = base + rng.normal(0, 6, (height, width, 1)).astype(np.float32)
+    return Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
+
+
+def _encode(img: Image.Image, fmt: str = "JPEG", **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def _psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
+def _hwc(t: torch.Tensor) -> np.ndarray:
+    return t.permute(1, 2, 0).numpy()
+
+
+@pytest.fixture(scope="module")
+def jpeg_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("img") / "n01440764_1.JPEG"
+    path.write_bytes(_encode(_textured(500, 375), quality=90))
+    return path
+
+
+@pytest.fixture(scope="module")
+def big_jpeg(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("big") / "camera.jpg"
+    path.write_bytes(_encode(_textured(3000, 2000, seed=1), quality=90))
+    return path
+
+
+@pytest.fixture(scope="module")
+def big_full(big_jpeg) -> Image.Image:
+    return Image.open(big_jpeg).convert("RGB")
+
+
+def _item(path: Path, index: int = 0) -> dict:
+    return {"path": str(path), "label": 3, "index": index}
+
+
+# --- output shape and determinism ------------------------------------------------------
+
+
+def test_train_output_shape_dtype_contiguous(jpeg_file):
+    out = ci.train_transform(_item(jpeg_file, 5), rng=random.Random(0))
+    assert set(out) == {"image", "label", "index"}
+    assert out["label"] == 3 and out["index"] == 5
+    img = out["image"]
+    assert img.dtype == torch.uint8 and img.shape == (3, OUT, OUT) and img.is_contiguous()
+    assert img.float().std() > 5  # not blank
+
+
+def test_train_size_height_width(jpeg_file):
+    img = ci.train_transform(_item(jpeg_file), size=[160, 192], rng=random.Random(0))["image"]
+    assert img.shape == (3, 160, 192) and img.is_contiguous()
+
+
+def test_same_seed_same_tensor_different_seed_different_crop(jpeg_file):
+    a = ci.train_transform(_item(jpeg_file), rng=random.Random(42))["image"]
+    b = ci.train_transform(_item(jpeg_file), rng=random.Random(42))["image"]
+    assert torch.equal(a, b)
+    boxes = {ci.random_resized_crop_box(500, 375, rng=random.Random(s)) for s in range(5)}
+    assert len(boxes) == 5
+    c = ci.train_transform(_item(jpeg_file), rng=random.Random(43))["image"]
+    assert not torch.equal(a, c)
+
+
+def test_flip_mirrors_the_same_crop(jpeg_file):
+    seen = set()
+    for seed in range(12):
+        flipped = ci.train_transform(_item(jpeg_file), rng=random.Random(seed))["image"]
+        plain = ci.train_transform(_item(jpeg_file), flip=False, rng=random.Random(seed))["image"]
+        if torch.equal(flipped, plain):
+            seen.add("kept")
+        else:
+            assert torch.equal(flipped, plain.flip(2))
+            seen.add("flipped")
+    assert seen == {"kept", "flipped"}
+
+
+def test_crop_box_fallback_is_clamped_centre_crop():
+    # a 10:1 strip can never fit a crop of 90-100 % area within ratio 3/4..4/3
+    top, left, h, w = ci.random_resized_crop_box(1000, 100, scale=(0.9, 1.0), rng=random.Random(0))
+    assert (h, w) == (100, 133) and (top, left) == (0, (1000 - 133) // 2)
+    top, left, h, w = ci.random_resized_crop_box(100, 1000, scale=(0.9, 1.0), rng=random.Random(0))
+    assert (h, w) == (133, 100) and (top, left) == ((1000 - 133) // 2, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    width=st.integers(1, 4000),
+    height=st.integers(1, 4000),
+    seed=st.integers(0, 2**32),
+    lo=st.floats(0.01, 1.0),
+)
+def test_crop_box_inside_image_and_in_range(width, height, seed, lo):
+    top, left, h, w = ci.random_resized_crop_box(width, height, scale=(lo, 1.0), rng=random.Random(seed))
+    assert 0 < h <= height and 0 < w <= width
+    assert 0 <= top <= height - h and 0 <= left <= width - w
+
+
+# --- fused draft decode ---------------------------------------------------------------
+
+
+def test_draft_matches_full_decode_geometry_and_pixels(big_jpeg, big_full):
+    data = big_jpeg.read_bytes()
+    scales = set()
+    for seed in range(8):
+        fused = _hwc(ci.train_transform({"bytes": data, "index": 0}, flip=False, rng=random.Random(seed))["image"])
+        top, left, h, w = ci.random_resized_crop_box(3000, 2000, rng=random.Random(seed))
+        ref = np.asarray(big_full.resize((OUT, OUT), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h)))
+        # same geometry: far closer to the reference than the reference is to itself
+        # shifted by a few output pixels
+        shift = max(3 * w // OUT, 3)
+        shifted = np.asarray(
+            big_full.resize((OUT, OUT), Image.Resampling.BILINEAR, box=(left + shift, top, left + w + shift, top + h))
+        )
+        assert _psnr(fused, ref) > 30
+        assert _psnr(fused, ref) > _psnr(shifted, ref) + 6
+        with Image.open(io.BytesIO(data)) as img:
+            scales.add(ci._decode_region(img, (left, top, left + w, top + h), (OUT, OUT))[1])
+    assert max(scales) > 1  # the draft path was exercised
+
+
+def test_draft_never_decodes_below_output_resolution(big_jpeg):
+    data = big_jpeg.read_bytes()
+    used = set()
+    for seed in range(30):
+        top, left, h, w = ci.random_resized_crop_box(3000, 2000, rng=random.Random(seed))
+        with Image.open(io.BytesIO(data)) as img:
+            out, s = ci._decode_region(img, (left, top, left + w, top + h), (OUT, OUT))
+            # the image really was decoded at 1/s
+            assert img.size == (math.ceil(3000 / s), math.ceil(2000 / s))
+        assert out.size == (OUT, OUT)
+        assert w / s >= OUT and h / s >= OUT
+        assert s == 8 or w / (2 * s) < OUT or h / (2 * s) < OUT  # the largest such scale
+        used.add(s)
+    assert len(used) >= 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    crop_w=st.floats(1, 5000),
+    crop_h=st.floats(1, 5000),
+    out_w=st.integers(1, 600),
+    out_h=st.integers(1, 600),
+)
+def test_draft_scale_rule(crop_w, crop_h, out_w, out_h):
+    s = ci._draft_scale(crop_w, crop_h, out_w, out_h)
+    assert s in (1, 2, 4, 8)
+    if s > 1:
+        assert crop_w / s >= out_w and crop_h / s >= out_h
+    if s < 8:
+        assert crop_w / (2 * s) < out_w or crop_h / (2 * s) < out_h
+
+
+def test_eval_on_big_jpeg_close_to_full_decode(big_jpeg, big_full):
+    out = _hwc(ci.eval_transform({"path": str(big_jpeg), "index": 1})["image"])
+    # torchvision: Resize(256) -> 384x256, CenterCrop(224) at (16, 80) of the resized image
+    ref = np.asarray(big_full.resize((384, 256), Image.Resampling.BILINEAR).crop((80, 16, 304, 240)))
+    assert out.shape == (OUT, OUT, 3)
+    assert _psnr(out, ref) > 30
+
+
+# --- eval ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wh", [(500, 375), (333, 500), (256, 256)])
+def test_eval_matches_resize_then_centre_crop(tmp_path, wh):
+    img = _textured(*wh, seed=2)
+    path = tmp_path / "x.png"
+    img.save(path)
+    out = ci.eval_transform(_item(path))["image"]
+    assert out.shape == (3, OUT, OUT) and out.is_contiguous()
+    w, h = wh
+    new_w, new_h = (256, int(256 * h / w)) if w <= h else (int(256 * w / h), 256)
+    top, left = round((new_h - OUT) / 2), round((new_w - OUT) / 2)
+    ref = np.asarray(img.resize((new_w, new_h), Image.Resampling.BILINEAR).crop((left, top, left + OUT, top + OUT)))
+    assert _psnr(_hwc(out), ref) > 35
+
+
+def test_eval_size_height_width(jpeg_file):
+    out = ci.eval_transform(_item(jpeg_file), size=[192, 160], resize=200)["image"]
+    assert out.shape == (3, 192, 160)
+    with pytest.raises(ValueError, match="resize"):
+        ci.eval_transform(_item(jpeg_file), size=224, resize=200)
+
+
+# --- colour modes ---------------------------------------------------------------------
+
+
+def _modes(tmp_path) -> dict[str, Path]:
+    rgb = _textured(300, 200, seed=3)
+    files = {
+        "L.jpg": (rgb.convert("L"), "JPEG"),
+        "CMYK.jpg": (rgb.convert("CMYK"), "JPEG"),
+        "RGBA.png": (rgb.convert("RGBA"), "PNG"),
+        "LA.png": (rgb.convert("LA"), "PNG"),
+        "P.png": (rgb.convert("P"), "PNG"),
+        "I16.png": (Image.fromarray((np.asarray(rgb.convert("L"), np.uint16) * 257)), "PNG"),
+        "1.png": (rgb.convert("1"), "PNG"),
+    }
+    out = {}
+    for name, (img, fmt) in files.items():
+        path = tmp_path / name
+        img.save(path, fmt)
+        out[name] = path
+    return out
+
+
+@pytest.mark.parametrize("fn", ["decode", "train_transform", "eval_transform"])
+def test_every_mode_becomes_rgb(tmp_path, fn):
+    for name, path in _modes(tmp_path).items():
+        out = getattr(ci, fn)(_item(path), rng=random.Random(0))["image"]
+        assert out.dtype == torch.uint8 and out.shape[0] == 3 and out.is_contiguous(), name
+
+
+def test_grayscale_and_16_bit_values(tmp_path):
+    arr = np.array([[0, 0x80FF, 0xFFFF, 0x1234]], np.uint16)
+    path = tmp_path / "i16.png"
+    Image.fromarray(arr).save(path)
+    assert Image.open(path).mode.startswith("I")
+    out = ci.decode(_item(path))["image"]
+    assert out[0, 0].tolist() == [0x00, 0x80, 0xFF, 0x12]  # top 8 bits, not clipped
+    assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2])
+
+
+def test_alpha_is_dropped_not_composited(tmp_path):
+    arr = np.zeros((4, 4, 4), np.uint8)
+    arr[..., :3] = (200, 100, 50)
+    arr[..., 3] = 0  # fully transparent
+    path = tmp_path / "a.png"
+    Image.fromarray(arr, "RGBA").save(path)
+    out = ci.decode(_item(path))["image"]
+    assert out[:, 0, 0].tolist() == [200, 100, 50]
+    assert ci.decode(_item(path), mode="RGBA")["image"].shape == (4, 4, 4)
+    assert ci.decode(_item(path), mode="L")["image"].shape == (1, 4, 4)
+
+
+def test_cmyk_colours_survive(tmp_path):
+    rgb = Image.new("RGB", (64, 64), (200, 40, 40))
+    path = tmp_path / "c.jpg"
+    rgb.convert("CMYK").save(path, quality=95)
+    out = ci.decode(_item(path))["image"].float().mean((1, 2))
+    assert torch.allclose(out, torch.tensor([200.0, 40.0, 40.0]), atol=8)
+
+
+# --- broken inputs --------------------------------------------------------------------
+
+
+def _broken(tmp_path) -> dict[str, Path]:
+    good = _encode(_textured(400, 300), quality=90)
+    files = {
+        "truncated.JPEG": good[: len(good) // 2],
+        "no_end.JPEG": good[:-2],
+        "empty.JPEG": b"",
+        "text.JPEG": b"this is not an image\n" * 20,
+    }
+    out = {}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        out[name] = tmp_path / name
+    out["missing.JPEG"] = tmp_path / "missing.JPEG"
+    return out
+
+
+@pytest.mark.parametrize("fn", ["decode", "train_transform", "eval_transform"])
+def test_broken_inputs_raise_sample_error_naming_the_file(tmp_path, fn):
+    for name, path in _broken(tmp_path).items():
+        with pytest.raises(SampleError) as info:
+            getattr(ci, fn)(_item(path), rng=random.Random(0))
+        assert str(path) in str(info.value), name
+        if name != "empty.JPEG":
+            assert info.value.__cause__ is not None, name
+
+
+def test_broken_messages_say_what_was_wrong(tmp_path):
+    broken = _broken(tmp_path)
+    expect = {
+        "truncated.JPEG": "truncated",
+        "empty.JPEG": "empty",
+        "text.JPEG": "not a recognised image",
+        "missing.JPEG": "not found",
+    }
+    for name, words in expect.items():
+        with pytest.raises(SampleError, match=words):
+            ci.train_transform(_item(broken[name]), rng=random.Random(0))
+
+
+def test_broken_bytes_without_path_name_the_index(tmp_path):
+    with pytest.raises(SampleError, match="index 17"):
+        ci.decode({"bytes": b"\xff\xd8\xff garbage", "index": 17})
+    with pytest.raises(SampleError, match="index 4"):
+        ci.decode({"label": 1, "index": 4})
+
+
+# --- sources --------------------------------------------------------------------------
+
+
+def test_bytes_in_item_equals_path_read(jpeg_file):
+    data = jpeg_file.read_bytes()
+    for fn, kw in (("decode", {}), ("eval_transform", {}), ("train_transform", {"rng": None})):
+        kwa = dict(kw)
+        kwb = dict(kw)
+        if "rng" in kw:
+            kwa["rng"], kwb["rng"] = random.Random(9), random.Random(9)
+        a = getattr(ci, fn)({"path": str(jpeg_file), "label": 1, "index": 2}, **kwa)
+        b = getattr(ci, fn)({"bytes": data, "path": str(jpeg_file), "label": 1, "index": 2}, **kwb)
+        assert torch.equal(a["image"], b["image"]) and a["label"] == b["label"] == 1
+
+
+def test_webdataset_keys_and_urls(jpeg_file):
+    data = jpeg_file.read_bytes()
+    ref = ci.decode(_item(jpeg_file))["image"]
+    wds = ci.decode({"jpg": data, "cls": b"7", "index": 0})
+    assert torch.equal(wds["image"], ref) and wds["label"] == 7
+    with fsspec.open("memory://conveyor-test/a.JPEG", "wb") as f:
+        f.write(data)
+    assert torch.equal(ci.decode({"path": "memory://conveyor-test/a.JPEG"})["image"], ref)
+    assert torch.equal(ci.decode({"path": jpeg_file.as_uri()})["image"], ref)
+
+
+# --- misc -----------------------------------------------------------------------------
+
+
+def test_heavy_output_marker_and_bad_args(jpeg_file):
+    for fn in (ci.decode, ci.train_transform, ci.eval_transform):
+        assert fn.heavy_output is True
+    for bad in ({"size": 0}, {"size": [224]}, {"scale": (1.0, 0.5)}, {"ratio": (0, 1)}):
+        with pytest.raises(ValueError):
+            ci.train_transform(_item(jpeg_file), rng=random.Random(0), **bad)
+
+
+def test_normalize():
+    x = torch.full((2, 3, 4, 4), 255, dtype=torch.uint8)
+    y = ci.normalize(x)
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    expect = [(1 - m) / s for m, s in zip(ci.IMAGENET_MEAN, ci.IMAGENET_STD)]
+    assert torch.allclose(y[0, :, 0, 0], torch.tensor(expect), atol=1e-5)
