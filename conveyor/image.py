@@ -34,12 +34,15 @@ Errors: an item that cannot be read or decoded (missing file, zero bytes, not an
 image, truncated or corrupt data) raises :class:`conveyor.errors.SampleError` naming
 the path (or the index when there is no path) and the cause, with the original
 exception chained. Truncated files always fail: this module never sets
-``ImageFile.LOAD_TRUNCATED_IMAGES`` and always forces a full ``load()``.
+``ImageFile.LOAD_TRUNCATED_IMAGES`` and always forces a full ``load()`` (it logs a
+warning, once, if some other code has set that global).
 """
 
 from __future__ import annotations
 
+import functools
 import io
+import logging
 import math
 import os
 import random
@@ -50,9 +53,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageFile
 
 from conveyor.errors import SampleError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -90,16 +95,13 @@ _DATA_ERRORS = (
 )
 
 
-def decode(
-    item: Mapping[str, Any], *, mode: str = "RGB", rng: random.Random | None = None
-) -> dict[str, Any]:
+def decode(item: Mapping[str, Any], *, mode: str = "RGB") -> dict[str, Any]:
     """Decode an item's image at full resolution, with no crop or resize.
 
     Args:
         item: a record with ``path`` and/or ``bytes`` (or ``jpg``/``jpeg``/``png``/
             ``webp``), ``label`` (or ``cls``) and ``index``.
         mode: ``"RGB"`` (3 channels), ``"L"`` (1 channel) or ``"RGBA"`` (4 channels).
-        rng: accepted for a uniform map signature and unused: decoding is not random.
 
     Returns:
         ``{"image": uint8 tensor of shape (C, H, W), "label": ..., "index": ...}``.
@@ -112,7 +114,6 @@ def decode(
         >>> out["image"].dtype, out["image"].shape[0]
         (torch.uint8, 3)
     """
-    del rng
     if mode not in ("RGB", "L", "RGBA"):
         raise ValueError(f"{mode=} must be one of 'RGB', 'L', 'RGBA'")
     where = _where(item)
@@ -202,7 +203,6 @@ def eval_transform(
     *,
     size: int | Sequence[int] = 224,
     resize: int = 256,
-    rng: random.Random | None = None,
 ) -> dict[str, Any]:
     """Decode, resize the shorter side to ``resize`` and centre-crop ``size``, for eval.
 
@@ -215,7 +215,6 @@ def eval_transform(
         item: a record with ``path`` and/or ``bytes``, ``label`` and ``index``.
         size: output size, an int for a square or ``[height, width]``.
         resize: the shorter side after resizing; at least the larger of ``size``.
-        rng: accepted for a uniform map signature and unused: eval is not random.
 
     Returns:
         ``{"image": uint8 contiguous tensor (3, H, W), "label": ..., "index": ...}``.
@@ -227,7 +226,6 @@ def eval_transform(
         >>> eval_transform({"path": "cat.jpg", "label": 3, "index": 0})["image"].shape
         torch.Size([3, 224, 224])
     """
-    del rng
     out_h, out_w = _size_hw(size, "size")
     if isinstance(resize, bool) or not isinstance(resize, int) or resize < max(out_h, out_w):
         raise ValueError(f"{resize=} must be an int >= the larger side of {size=}")
@@ -368,9 +366,9 @@ def _decode_region(
     x0, y0, x1, y1 = box
     scale = 1
     s = _draft_scale(x1 - x0, y1 - y0, *out_size)
-    if s > 1 and img.format == "JPEG":
-        # Pillow picks the largest of 8/4/2/1 not above min(W // w', H // h'); with
-        # w' = W // s that is exactly s.
+    if s > 1:
+        # Only JPEG (and MPO) images draft; the others return None. Pillow picks the
+        # largest of 8/4/2/1 not above min(W // w', H // h'); with w' = W // s that is s.
         drafted = img.draft("RGB", (width // s, height // s))
         if drafted is not None:
             bw, bh = drafted[1][2], drafted[1][3]
@@ -407,10 +405,6 @@ def _to_rgb(img: Image.Image) -> Image.Image:
         else:  # 16-bit samples (PNG, TIFF): keep the top 8 bits
             arr8 = (np.clip(arr, 0, 65535) >> 8).astype(np.uint8)
         return Image.fromarray(arr8).convert("RGB")
-    if img.mode == "P" and "transparency" in img.info:
-        # converting straight to RGB warns about the transparency; go through RGBA
-        # and drop the alpha, as documented.
-        return img.convert("RGBA").convert("RGB")
     return img.convert("RGB")
 
 
@@ -441,6 +435,8 @@ def _where(item: Mapping[str, Any]) -> str:
 
 
 def _read_bytes(item: Mapping[str, Any], where: str) -> bytes:
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        _warn_truncated_once()
     for key in _BYTES_KEYS:
         data = item.get(key)
         if data is not None:
@@ -455,6 +451,14 @@ def _read_bytes(item: Mapping[str, Any], where: str) -> bytes:
     if len(data) == 0:
         raise SampleError(f"{where}: empty file (0 bytes)")
     return data
+
+
+@functools.cache
+def _warn_truncated_once() -> None:
+    log.warning(
+        "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set (by some other code): truncated images "
+        "will decode partly instead of raising SampleError"
+    )
 
 
 def _read_path(path: str, where: str) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import math
 import random
@@ -19,12 +20,14 @@ from conveyor import image as ci
 from conveyor.errors import SampleError
 
 OUT = 224
+BILINEAR = Image.Resampling.BILINEAR
 
 
 def _textured(width: int, height: int, seed: int = 0) -> Image.Image:
     """Smooth colour structure plus grain, so a shift of a few pixels changes the pixels."""
     rng = np.random.default_rng(seed)
-    small = Image.fromarray(rng.integers(0, 256, (max(height // 40, 2), max(width // 40, 2), 3), dtype=np.uint8))
+    cells = (max(height // 40, 2), max(width // 40, 2), 3)
+    small = Image.fromarray(rng.integers(0, 256, cells, dtype=np.uint8))
     base = np.asarray(small.resize((width, height), Image.Resampling.BICUBIC), np.float32)
     base = base + rng.normal(0, 6, (height, width, 1)).astype(np.float32)
     return Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
@@ -43,6 +46,11 @@ def _psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def _hwc(t: torch.Tensor) -> np.ndarray:
     return t.permute(1, 2, 0).numpy()
+
+
+def _full_resize(full: Image.Image, box: tuple) -> np.ndarray:
+    """The reference: a box of the fully decoded image, resized like conveyor does."""
+    return np.asarray(full.resize((OUT, OUT), BILINEAR, box=box))
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +132,8 @@ def test_crop_box_fallback_is_clamped_centre_crop():
     lo=st.floats(0.01, 1.0),
 )
 def test_crop_box_inside_image_and_in_range(width, height, seed, lo):
-    top, left, h, w = ci.random_resized_crop_box(width, height, scale=(lo, 1.0), rng=random.Random(seed))
+    rng = random.Random(seed)
+    top, left, h, w = ci.random_resized_crop_box(width, height, scale=(lo, 1.0), rng=rng)
     assert 0 < h <= height and 0 < w <= width
     assert 0 <= top <= height - h and 0 <= left <= width - w
 
@@ -136,15 +145,14 @@ def test_draft_matches_full_decode_geometry_and_pixels(big_jpeg, big_full):
     data = big_jpeg.read_bytes()
     scales = set()
     for seed in range(8):
-        fused = _hwc(ci.train_transform({"bytes": data, "index": 0}, flip=False, rng=random.Random(seed))["image"])
+        item = {"bytes": data, "index": 0}
+        fused = _hwc(ci.train_transform(item, flip=False, rng=random.Random(seed))["image"])
         top, left, h, w = ci.random_resized_crop_box(3000, 2000, rng=random.Random(seed))
-        ref = np.asarray(big_full.resize((OUT, OUT), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h)))
+        ref = _full_resize(big_full, (left, top, left + w, top + h))
         # same geometry: far closer to the reference than the reference is to itself
         # shifted by a few output pixels
         shift = max(3 * w // OUT, 3)
-        shifted = np.asarray(
-            big_full.resize((OUT, OUT), Image.Resampling.BILINEAR, box=(left + shift, top, left + w + shift, top + h))
-        )
+        shifted = _full_resize(big_full, (left + shift, top, left + w + shift, top + h))
         assert _psnr(fused, ref) > 30
         assert _psnr(fused, ref) > _psnr(shifted, ref) + 6
         with Image.open(io.BytesIO(data)) as img:
@@ -187,7 +195,7 @@ def test_draft_scale_rule(crop_w, crop_h, out_w, out_h):
 def test_eval_on_big_jpeg_close_to_full_decode(big_jpeg, big_full):
     out = _hwc(ci.eval_transform({"path": str(big_jpeg), "index": 1})["image"])
     # torchvision: Resize(256) -> 384x256, CenterCrop(224) at (16, 80) of the resized image
-    ref = np.asarray(big_full.resize((384, 256), Image.Resampling.BILINEAR).crop((80, 16, 304, 240)))
+    ref = np.asarray(big_full.resize((384, 256), BILINEAR).crop((80, 16, 304, 240)))
     assert out.shape == (OUT, OUT, 3)
     assert _psnr(out, ref) > 30
 
@@ -205,7 +213,8 @@ def test_eval_matches_resize_then_centre_crop(tmp_path, wh):
     w, h = wh
     new_w, new_h = (256, int(256 * h / w)) if w <= h else (int(256 * w / h), 256)
     top, left = round((new_h - OUT) / 2), round((new_w - OUT) / 2)
-    ref = np.asarray(img.resize((new_w, new_h), Image.Resampling.BILINEAR).crop((left, top, left + OUT, top + OUT)))
+    resized = img.resize((new_w, new_h), BILINEAR)
+    ref = np.asarray(resized.crop((left, top, left + OUT, top + OUT)))
     assert _psnr(_hwc(out), ref) > 35
 
 
@@ -227,9 +236,11 @@ def _modes(tmp_path) -> dict[str, Path]:
         "RGBA.png": (rgb.convert("RGBA"), "PNG"),
         "LA.png": (rgb.convert("LA"), "PNG"),
         "P.png": (rgb.convert("P"), "PNG"),
+        "PA.png": (rgb.convert("RGBA").convert("P"), "PNG"),  # palette with transparency
         "I16.png": (Image.fromarray((np.asarray(rgb.convert("L"), np.uint16) * 257)), "PNG"),
         "1.png": (rgb.convert("1"), "PNG"),
     }
+    files["PA.png"][0].info["transparency"] = 0
     out = {}
     for name, (img, fmt) in files.items():
         path = tmp_path / name
@@ -238,10 +249,16 @@ def _modes(tmp_path) -> dict[str, Path]:
     return out
 
 
+def _call(name: str, item: dict) -> dict:
+    """Call a map function the way the map node does: ``rng`` only where it is a param."""
+    fn = getattr(ci, name)
+    return fn(item, rng=random.Random(0)) if name == "train_transform" else fn(item)
+
+
 @pytest.mark.parametrize("fn", ["decode", "train_transform", "eval_transform"])
 def test_every_mode_becomes_rgb(tmp_path, fn):
     for name, path in _modes(tmp_path).items():
-        out = getattr(ci, fn)(_item(path), rng=random.Random(0))["image"]
+        out = _call(fn, _item(path))["image"]
         assert out.dtype == torch.uint8 and out.shape[0] == 3 and out.is_contiguous(), name
 
 
@@ -249,7 +266,8 @@ def test_grayscale_and_16_bit_values(tmp_path):
     arr = np.array([[0, 0x80FF, 0xFFFF, 0x1234]], np.uint16)
     path = tmp_path / "i16.png"
     Image.fromarray(arr).save(path)
-    assert Image.open(path).mode.startswith("I")
+    with Image.open(path) as img:
+        assert img.mode.startswith("I")
     out = ci.decode(_item(path))["image"]
     assert out[0, 0].tolist() == [0x00, 0x80, 0xFF, 0x12]  # top 8 bits, not clipped
     assert torch.equal(out[0], out[1]) and torch.equal(out[1], out[2])
@@ -298,7 +316,7 @@ def _broken(tmp_path) -> dict[str, Path]:
 def test_broken_inputs_raise_sample_error_naming_the_file(tmp_path, fn):
     for name, path in _broken(tmp_path).items():
         with pytest.raises(SampleError) as info:
-            getattr(ci, fn)(_item(path), rng=random.Random(0))
+            _call(fn, _item(path))
         assert str(path) in str(info.value), name
         if name != "empty.JPEG":
             assert info.value.__cause__ is not None, name
@@ -328,14 +346,10 @@ def test_broken_bytes_without_path_name_the_index(tmp_path):
 
 
 def test_bytes_in_item_equals_path_read(jpeg_file):
-    data = jpeg_file.read_bytes()
-    for fn, kw in (("decode", {}), ("eval_transform", {}), ("train_transform", {"rng": None})):
-        kwa = dict(kw)
-        kwb = dict(kw)
-        if "rng" in kw:
-            kwa["rng"], kwb["rng"] = random.Random(9), random.Random(9)
-        a = getattr(ci, fn)({"path": str(jpeg_file), "label": 1, "index": 2}, **kwa)
-        b = getattr(ci, fn)({"bytes": data, "path": str(jpeg_file), "label": 1, "index": 2}, **kwb)
+    by_path = {"path": str(jpeg_file), "label": 1, "index": 2}
+    by_bytes = {"bytes": jpeg_file.read_bytes(), "path": str(jpeg_file), "label": 1, "index": 2}
+    for fn in ("decode", "eval_transform", "train_transform"):
+        a, b = _call(fn, by_path), _call(fn, by_bytes)
         assert torch.equal(a["image"], b["image"]) and a["label"] == b["label"] == 1
 
 
@@ -367,3 +381,34 @@ def test_normalize():
     assert y.dtype == torch.float32 and y.shape == x.shape
     expect = [(1 - m) / s for m, s in zip(ci.IMAGENET_MEAN, ci.IMAGENET_STD)]
     assert torch.allclose(y[0, :, 0, 0], torch.tensor(expect), atol=1e-5)
+
+
+# --- the bundled sample and its generator ---------------------------------------------
+
+SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "data"
+
+
+def test_bundled_sample_layout_and_decode():
+    files = sorted((SAMPLE / "imagenet-sample").glob("*/*/*.JPEG"))
+    assert len(files) == 240, "run examples/data/make_imagenet_sample.py"
+    classes = {f.parent.name for f in files}
+    assert len(classes) == 10 and all(c.startswith("n0") for c in classes)
+    assert sum(f.stat().st_size for f in files) < 8_000_000
+    modes = set()
+    for i, f in enumerate(files):
+        with Image.open(f) as img:
+            modes.add(img.mode)
+            assert 333 <= min(img.size) and max(img.size) <= 500
+        out = ci.train_transform({"path": str(f), "index": i}, rng=random.Random(i))["image"]
+        assert out.shape == (3, OUT, OUT)
+    assert modes == {"RGB", "L", "CMYK"}
+
+
+def test_generator_is_deterministic():
+    spec = importlib.util.spec_from_file_location("make_sample", SAMPLE / "make_imagenet_sample.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    a, b = gen.make_image(4, "val", 1), gen.make_image(4, "val", 1)
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(a), np.asarray(gen.make_image(4, "val", 2)))
+    assert np.asarray(a).std() > 20  # textured, not flat

@@ -20,13 +20,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-log = logging.getLogger(__name__)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "imagenet-sample"
 TRAIN_PER_CLASS = 20
@@ -36,15 +34,20 @@ QUALITY = 87
 # wnid, name, palette (dark, mid, light RGB), background, shapes
 CLASSES: list[tuple[str, str, tuple, str, str]] = [
     ("n01440764", "tench", ((30, 45, 25), (90, 110, 60), (170, 160, 110)), "fbm", "fish"),
-    ("n02102040", "English springer", ((60, 35, 20), (140, 90, 50), (235, 225, 210)), "blobs", "ellipses"),
-    ("n02979186", "cassette player", ((20, 20, 25), (110, 110, 120), (200, 200, 205)), "gradient", "rects"),
+    ("n02102040", "English springer",
+     ((60, 35, 20), (140, 90, 50), (235, 225, 210)), "blobs", "ellipses"),
+    ("n02979186", "cassette player",
+     ((20, 20, 25), (110, 110, 120), (200, 200, 205)), "gradient", "rects"),
     ("n03000684", "chain saw", ((25, 25, 20), (200, 90, 20), (240, 190, 60)), "fbm", "polygons"),
     ("n03028079", "church", ((70, 60, 55), (150, 140, 130), (150, 190, 235)), "stripes", "church"),
-    ("n03394916", "French horn", ((40, 25, 10), (170, 120, 40), (250, 215, 120)), "gradient", "rings"),
-    ("n03417042", "garbage truck", ((50, 50, 45), (60, 130, 60), (210, 210, 190)), "gradient", "truck"),
+    ("n03394916", "French horn",
+     ((40, 25, 10), (170, 120, 40), (250, 215, 120)), "gradient", "rings"),
+    ("n03417042", "garbage truck",
+     ((50, 50, 45), (60, 130, 60), (210, 210, 190)), "gradient", "truck"),
     ("n03425413", "gas pump", ((40, 20, 20), (190, 30, 30), (235, 235, 230)), "stripes", "rects"),
     ("n03445777", "golf ball", ((20, 70, 20), (60, 140, 50), (245, 245, 240)), "fbm", "ball"),
-    ("n03888605", "parachute", ((60, 110, 170), (120, 170, 220), (230, 240, 250)), "gradient", "wedges"),
+    ("n03888605", "parachute",
+     ((60, 110, 170), (120, 170, 220), (230, 240, 250)), "gradient", "wedges"),
 ]
 # (class index, train image index) saved as grayscale / CMYK JPEGs, as ImageNet has some.
 GRAYSCALE = {(2, 3), (5, 7), (9, 11)}
@@ -114,74 +117,92 @@ def _shapes(kind: str, rng: np.random.Generator, img: Image.Image, palette: tupl
     w, h = img.size
     d = ImageDraw.Draw(img)
     dark, mid, light = palette
-    cx, cy = int(rng.integers(w // 4, 3 * w // 4)), int(rng.integers(h // 4, 3 * h // 4))
+
+    def ri(lo: int, hi: int) -> int:
+        return int(rng.integers(lo, hi))
+
+    def jit(color: tuple, amount: int = 40) -> tuple[int, int, int]:
+        return _jitter(color, rng, amount)
+
+    cx, cy = ri(w // 4, 3 * w // 4), ri(h // 4, 3 * h // 4)
     r = int(min(w, h) * rng.uniform(0.2, 0.4))
     if kind == "fish":
-        for _ in range(int(rng.integers(1, 3))):
-            x, y = int(rng.integers(0, w)), int(rng.integers(0, h))
-            lw, lh = int(rng.integers(120, 260)), int(rng.integers(40, 90))
-            col = _jitter(mid, rng)
-            d.ellipse([x - lw // 2, y - lh // 2, x + lw // 2, y + lh // 2], fill=col, outline=dark, width=3)
-            d.polygon([(x + lw // 2 - 5, y), (x + lw // 2 + 40, y - 30), (x + lw // 2 + 40, y + 30)], fill=col)
+        for _ in range(ri(1, 3)):
+            x, y = ri(0, w), ri(0, h)
+            lw, lh = ri(120, 260) // 2, ri(40, 90) // 2  # half length, half height
+            col = jit(mid)
+            d.ellipse([x - lw, y - lh, x + lw, y + lh], fill=col, outline=dark, width=3)
+            d.polygon([(x + lw - 5, y), (x + lw + 40, y - 30), (x + lw + 40, y + 30)], fill=col)
             for k in range(12):  # scales
-                sx = x - lw // 3 + k * lw // 18
-                d.arc([sx - 10, y - 15, sx + 10, y + 15], 270, 90, fill=_jitter(dark, rng, 20), width=2)
-            d.ellipse([x - lw // 2 + 12, y - 8, x - lw // 2 + 24, y + 4], fill=(10, 10, 10))
+                sx = x - 2 * lw // 3 + k * 2 * lw // 18
+                d.arc([sx - 10, y - 15, sx + 10, y + 15], 270, 90, fill=jit(dark, 20), width=2)
+            d.ellipse([x - lw + 12, y - 8, x - lw + 24, y + 4], fill=(10, 10, 10))
     elif kind == "ellipses":
-        for _ in range(int(rng.integers(6, 14))):
-            x, y = int(rng.integers(0, w)), int(rng.integers(0, h))
-            a, b = int(rng.integers(15, 90)), int(rng.integers(15, 90))
-            d.ellipse([x - a, y - b, x + a, y + b], fill=_jitter(dark if rng.random() < 0.6 else light, rng))
+        for _ in range(ri(6, 14)):
+            x, y = ri(0, w), ri(0, h)
+            a, b = ri(15, 90), ri(15, 90)
+            d.ellipse([x - a, y - b, x + a, y + b], fill=jit(dark if rng.random() < 0.6 else light))
     elif kind == "rects":
-        x0, y0 = cx - r, cy - int(r * 0.7)
-        d.rectangle([x0, y0, cx + r, cy + int(r * 0.7)], fill=_jitter(mid, rng), outline=dark, width=4)
-        for k in range(int(rng.integers(3, 7))):
+        x0, y0, y1 = cx - r, cy - int(r * 0.7), cy + int(r * 0.7)
+        d.rectangle([x0, y0, cx + r, y1], fill=jit(mid), outline=dark, width=4)
+        for k in range(ri(3, 7)):  # buttons / display
             bx = x0 + 10 + k * (2 * r - 20) // 6
-            d.rectangle([bx, y0 + 10, bx + (2 * r - 20) // 8, y0 + 10 + r // 3], fill=_jitter(dark, rng, 15))
+            d.rectangle([bx, y0 + 10, bx + (2 * r - 20) // 8, y0 + 10 + r // 3], fill=jit(dark, 15))
         for k in (0.35, 0.65):  # reels / dials
-            ex = int(x0 + 2 * r * k)
-            d.ellipse([ex - r // 5, cy, ex + r // 5, cy + 2 * r // 5], fill=_jitter(light, rng), outline=dark, width=3)
+            ex, er = int(x0 + 2 * r * k), r // 5
+            d.ellipse([ex - er, cy, ex + er, cy + 2 * er], fill=jit(light), outline=dark, width=3)
     elif kind == "polygons":
-        for _ in range(int(rng.integers(3, 7))):
-            pts = [(int(rng.integers(0, w)), int(rng.integers(0, h))) for _ in range(int(rng.integers(3, 6)))]
-            d.polygon(pts, fill=_jitter(mid if rng.random() < 0.7 else light, rng))
-        d.line([(0, int(rng.integers(0, h))), (w, int(rng.integers(0, h)))], fill=dark, width=int(rng.integers(8, 20)))
+        for _ in range(ri(3, 7)):
+            pts = [(ri(0, w), ri(0, h)) for _ in range(ri(3, 6))]
+            d.polygon(pts, fill=jit(mid if rng.random() < 0.7 else light))
+        ya, yb = ri(0, h), ri(0, h)
+        d.line([(0, ya), (w, yb)], fill=dark, width=ri(8, 20))
     elif kind == "church":
         bw, bh = int(w * rng.uniform(0.3, 0.5)), int(h * rng.uniform(0.35, 0.55))
-        x0, y1 = cx - bw // 2, h - int(rng.integers(0, h // 8))
-        d.rectangle([x0, y1 - bh, x0 + bw, y1], fill=_jitter(mid, rng), outline=dark, width=3)
-        d.polygon([(x0 - 10, y1 - bh), (x0 + bw // 2, y1 - bh - int(bh * 0.6)), (x0 + bw + 10, y1 - bh)], fill=_jitter(dark, rng))
-        for k in range(3):
+        x0, y1 = cx - bw // 2, h - ri(0, h // 8)
+        top = y1 - bh
+        d.rectangle([x0, top, x0 + bw, y1], fill=jit(mid), outline=dark, width=3)
+        roof = [(x0 - 10, top), (x0 + bw // 2, top - int(bh * 0.6)), (x0 + bw + 10, top)]
+        d.polygon(roof, fill=jit(dark))
+        for k in range(3):  # windows
             wx = x0 + bw // 6 + k * bw // 3 - 8
-            d.rounded_rectangle([wx, y1 - bh + 20, wx + 16, y1 - bh // 3], radius=8, fill=_jitter((40, 60, 120), rng, 20))
+            glass = jit((40, 60, 120), 20)
+            d.rounded_rectangle([wx, top + 20, wx + 16, y1 - bh // 3], radius=8, fill=glass)
     elif kind == "rings":
-        for k in range(int(rng.integers(5, 10)), 0, -1):
+        for k in range(ri(5, 10), 0, -1):
             rr = r * k // 8
-            d.ellipse([cx - rr, cy - rr, cx + rr, cy + rr], outline=_jitter(light if k % 2 else mid, rng), width=int(rng.integers(4, 10)))
-        d.line([(cx, cy), (cx + r * 2, cy - r)], fill=_jitter(light, rng), width=12)
+            col = jit(light if k % 2 else mid)
+            d.ellipse([cx - rr, cy - rr, cx + rr, cy + rr], outline=col, width=ri(4, 10))
+        d.line([(cx, cy), (cx + r * 2, cy - r)], fill=jit(light), width=12)
     elif kind == "truck":
         tw, th = int(w * rng.uniform(0.5, 0.75)), int(h * rng.uniform(0.3, 0.45))
         x0, y1 = max(0, cx - tw // 2), int(h * rng.uniform(0.7, 0.9))
-        d.rectangle([x0, y1 - th, x0 + tw, y1], fill=_jitter(mid, rng), outline=dark, width=4)
-        d.rectangle([x0 + tw, y1 - th // 2, x0 + tw + tw // 4, y1], fill=_jitter(light, rng), outline=dark, width=4)
+        d.rectangle([x0, y1 - th, x0 + tw, y1], fill=jit(mid), outline=dark, width=4)
+        cab = [x0 + tw, y1 - th // 2, x0 + tw + tw // 4, y1]
+        d.rectangle(cab, fill=jit(light), outline=dark, width=4)
         for wx in (x0 + tw // 6, x0 + tw // 2, x0 + tw + tw // 8):
-            d.ellipse([wx - 25, y1 - 25, wx + 25, y1 + 25], fill=(25, 25, 25), outline=(120, 120, 120), width=6)
+            wheel = [wx - 25, y1 - 25, wx + 25, y1 + 25]
+            d.ellipse(wheel, fill=(25, 25, 25), outline=(120, 120, 120), width=6)
     elif kind == "ball":
-        d.ellipse([cx - r, cy - r, cx + r, cy + r], fill=_jitter(light, rng, 10), outline=(180, 180, 180), width=2)
+        ball = [cx - r, cy - r, cx + r, cy + r]
+        d.ellipse(ball, fill=jit(light, 10), outline=(180, 180, 180), width=2)
         for _ in range(60):  # dimples
             a, rad = rng.uniform(0, 2 * np.pi), r * np.sqrt(rng.uniform(0, 0.85))
             px, py = cx + rad * np.cos(a), cy + rad * np.sin(a)
             d.ellipse([px - 5, py - 5, px + 5, py + 5], fill=(200, 200, 195))
     elif kind == "wedges":
-        start = rng.uniform(0, 360)
-        n = int(rng.integers(6, 12))
-        colors = [_jitter(c, rng, 30) for c in ((220, 40, 40), (240, 200, 40), (40, 80, 200), (250, 250, 250))]
+        turn = rng.uniform(0, 360) % 10
+        n = ri(6, 12)
+        base = ((220, 40, 40), (240, 200, 40), (40, 80, 200), (250, 250, 250))
+        colors = [jit(c, 30) for c in base]
+        canopy = [cx - r, cy - r, cx + r, cy + r]
         for k in range(n):
-            a0 = 180 + k * 180 / n
-            d.pieslice([cx - r, cy - r, cx + r, cy + r], a0 + start % 10, a0 + 180 / n + start % 10, fill=colors[k % 4])
-        for k in range(n + 1):
+            a0 = 180 + k * 180 / n + turn
+            d.pieslice(canopy, a0, a0 + 180 / n, fill=colors[k % 4])
+        for k in range(n + 1):  # lines
             a = np.pi + k * np.pi / n
-            d.line([(cx + r * np.cos(a), cy + r * np.sin(a)), (cx, cy + 1.6 * r)], fill=(60, 60, 60), width=1)
+            rim = (cx + r * np.cos(a), cy + r * np.sin(a))
+            d.line([rim, (cx, cy + 1.6 * r)], fill=(60, 60, 60), width=1)
     else:
         raise ValueError(f"unknown shapes {kind=}")
 
@@ -203,7 +224,8 @@ def make_image(class_index: int, split: str, n: int, seed: int = 0) -> Image.Ima
 def _file_ids(class_index: int, seed: int) -> list[int]:
     """ImageNet-looking file numbers, unique within the class."""
     rng = np.random.default_rng([seed, class_index, 2])
-    return sorted(int(i) for i in rng.choice(np.arange(1, 15000), TRAIN_PER_CLASS + VAL_PER_CLASS, replace=False))
+    ids = rng.choice(np.arange(1, 15000), TRAIN_PER_CLASS + VAL_PER_CLASS, replace=False)
+    return sorted(int(i) for i in ids)
 
 
 def generate(out: Path = DEFAULT_OUT, seed: int = 0) -> int:
@@ -233,12 +255,14 @@ def generate(out: Path = DEFAULT_OUT, seed: int = 0) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="sample root (default: %(default)s)")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="sample root (default: %(default)s)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     total = generate(args.out, args.seed)
     n = len(CLASSES) * (TRAIN_PER_CLASS + VAL_PER_CLASS)
-    print(f"wrote {n} images to {args.out}: {total / 1e6:.2f} MB ({total / n / 1e3:.1f} KB per image)")
+    print(f"wrote {n} images to {args.out}: {total / 1e6:.2f} MB ({total / n / 1e3:.1f} KB each)")
 
 
 if __name__ == "__main__":
