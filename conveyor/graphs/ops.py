@@ -116,12 +116,13 @@ class MapParams:
     seed: int | None = param(None)
     ordered: bool = param(True, doc="false: unordered results, not resumable")
     mp_context: str | None = param(None, doc="spawn | fork | forkserver, for method: process")
+    snapshot_every: int = param(1, min=1, doc="input state taken every N items (restore re-reads <= N)")
 
 
 def _build_map(p: MapParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
     return Map(inputs[0], fn=resolve_fn(p.fn), args=p.args, workers=p.workers, method=p.method.value,
                on_error=p.on_error.value, seed=ctx.seed_for(p.seed), rank=ctx.rank, where=ctx.where,
-               mp_context=p.mp_context)
+               mp_context=p.mp_context, snapshot_every=p.snapshot_every)
 
 
 @dataclass(frozen=True)

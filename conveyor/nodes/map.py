@@ -118,6 +118,9 @@ class Map(BaseNode):
         rank: mixed into the seed of items without an ``"index"``.
         where: text for error notes, e.g. ``"node 'decode' (map) from specs/x.yaml:18"``.
         mp_context: multiprocessing start method for ``method="process"``.
+        max_concurrent: items in flight (default: 2 per worker).
+        snapshot_every: with workers, take the input's state every N items; a restore then
+            re-reads (without mapping) at most N input items.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -131,7 +134,7 @@ class Map(BaseNode):
     def __init__(self, source: BaseNode, *, fn: Callable, args: dict[str, Any] | None = None,
                  workers: int = 0, method: str = "thread", on_error: str = "raise", seed: int = 0,
                  rank: int = 0, where: str | None = None, mp_context: str | None = None,
-                 max_concurrent: int | None = None):
+                 max_concurrent: int | None = None, snapshot_every: int = 1):
         super().__init__()
         if not isinstance(workers, int) or workers < 0:
             raise ValueError(f"{workers=} must be an int >= 0")
@@ -147,6 +150,9 @@ class Map(BaseNode):
         self.where = where or f"map {getattr(fn, '__name__', fn)!r}"
         self.mp_context = mp_context
         self.max_concurrent = max_concurrent
+        if not isinstance(snapshot_every, int) or snapshot_every < 1:
+            raise ValueError(f"{snapshot_every=} must be an int >= 1")
+        self.snapshot_every = snapshot_every
         self.skipped = 0
         self._pm: ParallelMapper | None = None
 
@@ -181,7 +187,7 @@ class Map(BaseNode):
         self._pm = ParallelMapper(
             self.source, self.call, num_workers=self.workers, in_order=True, method=self.method,
             multiprocessing_context=self.mp_context, max_concurrent=self.max_concurrent,
-            snapshot_frequency=1)
+            snapshot_frequency=self.snapshot_every)
         self._pm.reset(pm_state)
 
     def next(self):
