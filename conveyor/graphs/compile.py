@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -17,13 +17,18 @@ from torchdata.nodes import BaseNode
 
 from conveyor.graphs.ops import BuildContext
 from conveyor.graphs.validate import Plan
+from conveyor.nodes.copies import WorkerCopies
 from conveyor.nodes.shard import dist_rank_world
 
 SECRET_PARAMS = ("storage_options",)  # never in states, digests or `show` output
 
 
 class Counted(BaseNode):
-    """Pass-through that counts items; its state is its inner node's state."""
+    """Pass-through that counts items; its state is its inner node's state.
+
+    The count runs for a whole epoch (the loader zeroes it), also across resets of the inner
+    node within the epoch.
+    """
 
     def __init__(self, inner: BaseNode):
         super().__init__()
@@ -33,7 +38,6 @@ class Counted(BaseNode):
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self.inner.reset(initial_state)
-        self.items = 0
 
     def next(self):
         item = next(self.inner)
@@ -42,6 +46,11 @@ class Counted(BaseNode):
 
     def get_state(self) -> dict:
         return self.inner.state_dict()
+
+    def count(self) -> int | None:
+        """The inner node's items per epoch, when it knows them (see nodes/shard.py)."""
+        count = getattr(self.inner, "count", None)
+        return count() if callable(count) else None
 
 
 def plain(value: Any) -> Any:
@@ -85,13 +94,15 @@ class Compiled:
     order: list[str]
     rank: int
     world: int
+    copied: list[str] = field(default_factory=list)  # built inside worker copies, not here
 
     @property
     def root(self) -> Counted:
         return self.nodes[self.plan.output]
 
 
-def topological(plan: Plan) -> list[str]:
+def topological(plan: Plan, output: str | None = None) -> list[str]:
+    """Names of the nodes ``output`` (default: the plan's) depends on, inputs first."""
     order: list[str] = []
     done: set[str] = set()
 
@@ -103,24 +114,58 @@ def topological(plan: Plan) -> list[str]:
         done.add(n)
         order.append(n)
 
-    visit(plan.output)
+    visit(output or plan.output)
     return order
+
+
+def _build(plan: Plan, names: list[str], rank: int, world: int, worker: int, workers: int,
+           built: dict[str, BaseNode]) -> dict[str, Counted]:
+    for name in names:
+        p = plan.nodes[name]
+        ctx = BuildContext(name=name, op=p.op.name,
+                           where=f"node '{name}' ({p.op.name}) from {plan.path}:{p.line}",
+                           seed=plan.seed, rank=rank, world=world, worker=worker, workers=workers)
+        node = p.op.build(p.params, [built[i] for i in p.inputs], ctx)
+        built[name] = Counted(node)
+    return built  # type: ignore[return-value]
+
+
+@dataclass
+class CopyFactory:
+    """Builds copy ``w`` of the copied part of a graph (picklable: it travels to workers)."""
+
+    plan: Plan
+    names: list[str]
+    until: str
+    rank: int
+    world: int
+    copies: int
+
+    def __call__(self, w: int) -> tuple[BaseNode, dict[str, Counted]]:
+        built = _build(self.plan, self.names, self.rank, self.world, w, self.copies, {})
+        return built[self.until], built
 
 
 def compile_plan(plan: Plan) -> Compiled:
     """Build every node the output depends on.
 
+    With graph-level ``workers`` (``plan.copies``), the nodes up to ``until`` are built in
+    each worker copy instead, and one ``WorkerCopies`` node stands for ``until`` here.
+
     Args:
         plan: a checked spec from ``validate``.
     """
     rank, world = dist_rank_world()
-    built: dict[str, Counted] = {}
     order = topological(plan)
-    for name in order:
-        p = plan.nodes[name]
-        ctx = BuildContext(name=name, op=p.op.name,
-                           where=f"node '{name}' ({p.op.name}) from {plan.path}:{p.line}",
-                           seed=plan.seed, rank=rank, world=world)
-        node = p.op.build(p.params, [built[i] for i in p.inputs], ctx)
-        built[name] = Counted(node)
-    return Compiled(plan, built, order, rank, world)
+    copies = getattr(plan, "copies", None)
+    built: dict[str, BaseNode] = {}
+    copied: list[str] = []
+    if copies is not None and copies.count > 1:
+        copied = topological(plan, copies.until)
+        factory = CopyFactory(plan, copied, copies.until, rank, world, copies.count)
+        merge = WorkerCopies(factory, copies=copies.count, method=copies.method,
+                             mp_context=copies.mp_context)
+        built[copies.until] = Counted(merge)
+    main = [n for n in order if n not in copied]
+    _build(plan, main, rank, world, 0, 1, built)
+    return Compiled(plan, built, order, rank, world, copied)  # type: ignore[arg-type]

@@ -64,7 +64,7 @@ class Loader:
         self._peek_state: dict | None = None
         self._closed = False
         self._t_start = 0.0
-        inner = [compiled.nodes[n].inner for n in reversed(compiled.order)]
+        inner = [compiled.nodes[n].inner for n in reversed(compiled.order) if n in compiled.nodes]
         self._finalizer = weakref.finalize(self, _close_nodes, inner)
 
     # ----- epochs -------------------------------------------------------------------------
@@ -91,6 +91,8 @@ class Loader:
 
     def _start(self, epoch: int, graph_state: dict | None) -> None:
         self._set_epoch(epoch)
+        for counted in self._c.nodes.values():
+            counted.items = 0
         self._root.reset(graph_state)
         self._started = True
         self._exhausted = False
@@ -220,15 +222,29 @@ class Loader:
         """Counts per node for the current epoch: items out, plus what each node counts itself
         (``skipped`` for map with on_error: skip, ``filtered`` for filter)."""
         nodes = {}
+        copies = self._copies()
+        from_copies = copies.copy_stats() if copies is not None else {}
         for name in self._c.order:
-            counted = self._c.nodes[name]
-            entry: dict[str, Any] = {"op": self._c.plan.nodes[name].op.name, "items": counted.items}
-            own = getattr(counted.inner, "stats", None)
-            if callable(own):
-                entry.update(own())
+            entry: dict[str, Any] = {"op": self._c.plan.nodes[name].op.name}
+            if name in from_copies:  # counted inside the worker copies, summed over them
+                entry.update(from_copies[name])
+            counted = self._c.nodes.get(name)
+            if counted is not None:
+                entry["items"] = counted.items
+                own = getattr(counted.inner, "stats", None)
+                if callable(own):
+                    entry.update(own())
             nodes[name] = entry
         elapsed = time.perf_counter() - self._t_start if self._started else 0.0
         return {"epoch": self._epoch, "batches": self._yielded, "seconds": elapsed, "nodes": nodes}
+
+    def _copies(self) -> Any:
+        from conveyor.nodes.copies import WorkerCopies
+
+        for counted in self._c.nodes.values():
+            if isinstance(counted.inner, WorkerCopies):
+                return counted.inner
+        return None
 
     def _check_open(self) -> None:
         if self._closed:

@@ -38,6 +38,8 @@ class BuildContext:
     seed: int
     rank: int
     world: int
+    worker: int = 0
+    workers: int = 1
 
     def seed_for(self, seed: int | None) -> int:
         return self.seed if seed is None else seed
@@ -82,18 +84,31 @@ def _build_list_files(p: ListFilesParams, inputs: list[BaseNode], ctx: BuildCont
                      seed=ctx.seed_for(p.seed), storage_options=p.storage_options)
 
 
+class Equalize(str, enum.Enum):
+    repeat = "repeat"
+    drop = "drop"
+    none = "none"
+
+
+def _all_by() -> list[ShardBy]:
+    return [ShardBy.rank, ShardBy.worker]
+
+
 @dataclass(frozen=True)
 class ShardParams:
-    by: list[ShardBy] = param(factory=lambda: [ShardBy.rank], doc="rank and/or worker")
+    by: list[ShardBy] = param(factory=_all_by, doc="rank and/or worker")
     rank: int | None = param(None, min=0, doc="default: torch.distributed, else $RANK, else 0")
     world: int | None = param(None, min=1, doc="default: torch.distributed, else $WORLD_SIZE, else 1")
+    equalize: Equalize = param(Equalize.repeat, doc="repeat | drop | none: same item count per rank")
 
 
 def _build_shard(p: ShardParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
     by_rank = ShardBy.rank in p.by
     rank = (ctx.rank if p.rank is None else p.rank) if by_rank else 0
     world = (ctx.world if p.world is None else p.world) if by_rank else 1
-    return Shard(inputs[0], rank=rank, world=world)
+    by_worker = ShardBy.worker in p.by
+    return Shard(inputs[0], rank=rank, world=world, worker=ctx.worker if by_worker else 0,
+                 workers=ctx.workers if by_worker else 1, equalize=p.equalize.value)
 
 
 @dataclass(frozen=True)

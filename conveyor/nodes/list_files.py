@@ -93,6 +93,10 @@ class ListFiles(BaseNode[dict]):
             log.debug("list_files: %d files, %d classes", len(paths), len(classes))
         return self._records
 
+    def count(self) -> int:
+        """Items per epoch (known from the listing, without reading any file)."""
+        return len(self.records())
+
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         n = len(self.records())

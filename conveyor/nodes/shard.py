@@ -1,17 +1,31 @@
-"""shard: keep this rank's (and this worker's) share of a stream.
+"""shard: keep this rank's (and this worker's) share of a stream, the same amount on each.
 
-Item ``i`` is kept when ``i % (world * workers) == rank * workers + worker``. Rank and world
-come from ``torch.distributed`` when it is initialised, else from the ``RANK`` and
-``WORLD_SIZE`` environment variables (what torchrun sets), else 0 and 1; explicit values
-override. Inside one process there is one worker (``worker=0, workers=1``) until graph-level
-worker copies exist; ``by: [rank, worker]`` in a spec already names both.
+Item ``i`` goes to rank ``i % world``; inside a rank, the rank's ``j``-th item goes to
+worker copy ``j % workers``. So a rank gets the same items whatever its number of worker
+copies, and merging the copies round-robin gives back the rank's order exactly. Rank and world come from ``torch.distributed`` when it is
+initialised, else from the ``RANK`` and ``WORLD_SIZE`` environment variables (what torchrun
+sets), else 0 and 1; explicit values override. ``worker``/``workers`` are set by the
+compiler when the graph runs in several worker copies (a spec's top-level ``workers``).
+
+Equal epochs: if the items do not divide evenly, some ranks would get one more than others
+and a DDP job would hang at the end of the epoch. ``equalize`` fixes that:
+``repeat`` (default, like DistributedSampler) wraps around to the first items of the epoch
+so that every rank gets ``ceil(n / world)`` items; ``drop`` stops every rank at
+``floor(n / world)``; ``none`` keeps the uneven split. (Worker copies inside a rank may
+differ by one item: the merge handles that.) The item count ``n`` comes from the
+input's ``count()`` when it has one (list_files does, from its listing), else from one
+counting pass over the input at the start of the epoch. ``stats()`` says what was done.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 from torchdata.nodes import BaseNode
+
+log = logging.getLogger(__name__)
+EQUALIZE = ("repeat", "drop", "none")
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -26,8 +40,23 @@ def dist_rank_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+def count_items(node: BaseNode) -> int:
+    """Items per epoch of ``node``: its ``count()`` when it has one, else a counting pass
+    (which leaves the node reset to the start of the epoch)."""
+    count = getattr(node, "count", None)
+    if callable(count):
+        n = count()
+        if n is not None:
+            return int(n)
+    log.info("shard: counting the input's items for equalize (a pass over the input)")
+    node.reset()
+    n = sum(1 for _ in node)
+    node.reset()
+    return n
+
+
 class Shard(BaseNode):
-    """Pass through every ``(world * workers)``-th item, starting at this rank/worker's slot.
+    """Keep this rank's items (every ``world``-th), and of those this worker's (every ``workers``-th).
 
     Args:
         source: the stream to split.
@@ -35,18 +64,20 @@ class Shard(BaseNode):
         world: the number of ranks; ``None`` detects it.
         worker: this copy's index inside the rank.
         workers: copies per rank.
+        equalize: ``"repeat"``, ``"drop"`` or ``"none"`` (see the module docstring).
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
-        >>> list(Shard(IterableWrapper(range(10)), rank=1, world=3))
+        >>> list(Shard(IterableWrapper(range(10)), rank=1, world=3, equalize="none"))
         [1, 4, 7]
     """
 
     SOURCE_KEY = "source"
     POS_KEY = "pos"
+    WRAPPED_KEY = "wrapped"
 
     def __init__(self, source: BaseNode, *, rank: int | None = None, world: int | None = None,
-                 worker: int = 0, workers: int = 1):
+                 worker: int = 0, workers: int = 1, equalize: str = "repeat"):
         super().__init__()
         det_rank, det_world = dist_rank_world()
         self.rank = det_rank if rank is None else rank
@@ -57,29 +88,75 @@ class Shard(BaseNode):
             raise ValueError(f"rank={self.rank} must be in [0, world={self.world})")
         if workers < 1 or not 0 <= worker < workers:
             raise ValueError(f"{worker=} must be in [0, {workers=}) and workers >= 1")
+        if equalize not in EQUALIZE:
+            raise ValueError(f"{equalize=} must be one of {EQUALIZE}")
         self.source = source
         self.worker = worker
         self.workers = workers
-        self._stride = self.world * workers
-        self._slot = self.rank * workers + worker
+        self.equalize = equalize
         self._pos = 0
+        self._wrapped = False
+        self._total: int | None = None
+        self._end: int | None = None  # positions [0, end) are dealt out; None = until exhausted
+
+    def _plan_epoch(self) -> None:
+        self._total = self._end = None
+        if self.equalize == "none" or self.world == 1:
+            return
+        total = count_items(self.source)
+        self._total = total
+        if self.equalize == "drop":
+            self._end = total // self.world * self.world
+        else:
+            self._end = -(-total // self.world) * self.world
+
+    def count(self) -> int | None:
+        """Items this shard yields per epoch, when known."""
+        if self._end is None:
+            return None
+        return sum(1 for p in range(self.rank, self._end, self.world) if self._mine(p))
+
+    def stats(self) -> dict:
+        """What equalize did for this slot this epoch: items dealt again, or items left out."""
+        if self._total is None or self._end is None:
+            return {}
+        lo, hi = sorted((self._total, self._end))
+        mine = sum(1 for p in range(lo, hi) if self._mine(p))
+        return {"equalize": self.equalize, ("repeated" if self._end > self._total else "dropped"): mine}
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
+        self._plan_epoch()
         if initial_state is not None:
             self.source.reset(initial_state[self.SOURCE_KEY])
             self._pos = initial_state[self.POS_KEY]
+            self._wrapped = initial_state[self.WRAPPED_KEY]
         else:
             self.source.reset()
             self._pos = 0
+            self._wrapped = False
 
     def next(self):
         while True:
-            item = next(self.source)
+            if self._end is not None and self._pos >= self._end:
+                raise StopIteration
+            try:
+                item = next(self.source)
+            except StopIteration:
+                if self._end is None or self._pos >= self._end or self._pos == 0:
+                    raise
+                # repeat: deal the first items of this epoch again until every slot is even
+                self.source.reset()
+                self._wrapped = True
+                item = next(self.source)
             pos = self._pos
             self._pos += 1
-            if pos % self._stride == self._slot:
+            if self._mine(pos):
                 return item
 
+    def _mine(self, pos: int) -> bool:
+        return pos % self.world == self.rank and (pos // self.world) % self.workers == self.worker
+
     def get_state(self) -> dict:
-        return {self.SOURCE_KEY: self.source.state_dict(), self.POS_KEY: self._pos}
+        return {self.SOURCE_KEY: self.source.state_dict(), self.POS_KEY: self._pos,
+                self.WRAPPED_KEY: self._wrapped}

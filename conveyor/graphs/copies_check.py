@@ -1,0 +1,130 @@
+"""The spec's top-level ``workers``: run the per-item part of the graph in N worker copies.
+
+    workers: 2                                   # shorthand: 2 processes, default `until`
+    workers: {copies: 2, method: process, until: tokenize, mp_context: spawn}
+
+``until`` is the last node run inside the copies; the default is the node just before the
+first batching op (``batch``/``bucket_batch``) on the way to the output, so that per-item
+work is copied and batches are cut from the merged stream (then, when the copied part maps
+items one to one, the batches are those of ``workers: 1``). Every source in the copied part
+must be followed by a ``shard`` with ``by: [..., worker]``, or every copy would yield every
+item; with ``method: process`` every ``fn`` in it must pickle.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.graphs.params import did_you_mean, interpolate
+from conveyor.graphs.registry import resolve_fn
+
+METHODS = ("process", "thread")
+KEYS = ("copies", "method", "until", "mp_context")
+BATCHING_OPS = ("batch", "bucket_batch")
+
+
+@dataclass(frozen=True)
+class CopiesPlan:
+    count: int
+    method: str
+    until: str
+    mp_context: str | None
+
+
+def _default_until(nodes: dict, output: str) -> str:
+    chain = [output]
+    while nodes.get(chain[-1]) is not None and len(nodes[chain[-1]].inputs) == 1:
+        chain.append(nodes[chain[-1]].inputs[0])
+    for i in range(len(chain) - 1, -1, -1):  # from the source side
+        node = nodes.get(chain[i])
+        if node is not None and node.op.name in BATCHING_OPS and i + 1 < len(chain):
+            return chain[i + 1]
+    return output
+
+
+def check_copies(raw: Any, nodes: dict, graph: dict[str, list[str]], output: str,
+                 params: dict[str, Any], errs: Any) -> CopiesPlan | None:
+    """Read and check the top-level ``workers``; errors go to ``errs``."""
+    if raw is None:
+        return None
+    at = ("workers",)
+    try:
+        raw = interpolate(raw, params)
+    except KeyError as missing:
+        errs.add(f"undefined param '${{{missing.args[0]}}}'" + did_you_mean(missing.args[0], params), at,
+                 param="workers")
+        return None
+    spec = {"copies": raw} if isinstance(raw, int) and not isinstance(raw, bool) else raw
+    if not isinstance(spec, dict):
+        errs.add(f"workers must be a count or a mapping with {', '.join(KEYS)}, got {raw!r}", at,
+                 param="workers")
+        return None
+    ok = True
+    for key in spec:
+        if key not in KEYS:
+            errs.add(f"unknown key '{key}' in workers" + did_you_mean(key, KEYS), at + (key,), key=True,
+                     param="workers")
+            ok = False
+    count = spec.get("copies", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        errs.add(f"workers: copies must be a positive int, got {count!r}", at + ("copies",),
+                 param="workers")
+        ok = False
+    method = spec.get("method", "process")
+    if method not in METHODS:
+        errs.add(f"workers: method must be one of {'|'.join(METHODS)}, got {method!r}", at + ("method",),
+                 param="workers")
+        ok = False
+    until = spec.get("until") or _default_until(nodes, output)
+    if until not in nodes:
+        errs.add(f"workers: until '{until}' is not a node" + did_you_mean(str(until), nodes),
+                 at + ("until",), param="workers")
+        return None
+    if not ok:
+        return None
+    plan = CopiesPlan(count, method, until, spec.get("mp_context"))
+    if count == 1:
+        return plan
+    copied = _closure(until, graph)
+    for name in sorted(copied):
+        node = nodes[name]
+        if node.op.inputs == "none" and not _sharded_by_worker(name, until, nodes, graph):
+            errs.add(f"graph-level workers copy '{name}' into {count} workers, but no shard with "
+                     f"by: [rank, worker] follows it before '{until}': every copy would yield every "
+                     "item", ("nodes", name), key=True, node=name, op=node.op.name)
+        fn = getattr(node.params, "fn", None) if node.params is not None else None
+        if method == "process" and fn:
+            try:
+                pickle.dumps(resolve_fn(fn))
+            except Exception as exc:
+                errs.add(f"workers: method: process sends this node's fn {fn!r} to worker "
+                         f"processes, but it cannot be pickled ({type(exc).__name__}); define it at "
+                         "module level or use method: thread", ("nodes", name, "fn"), node=name,
+                         op=node.op.name, param="fn")
+    return plan
+
+
+def _closure(name: str, graph: dict[str, list[str]]) -> set[str]:
+    seen = {name}
+    todo = [name]
+    while todo:
+        for m in graph.get(todo.pop(), []):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def _sharded_by_worker(source: str, until: str, nodes: dict, graph: dict[str, list[str]]) -> bool:
+    consumers = {i: n for n, ins in graph.items() for i in ins}
+    cur = source
+    while True:
+        node = nodes[cur]
+        if node.op.name == "shard" and node.params is not None and \
+                "worker" in [getattr(b, "value", b) for b in node.params.by]:
+            return True
+        if cur == until or cur not in consumers:
+            return False
+        cur = consumers[cur]
