@@ -1,0 +1,147 @@
+"""DDP on the CPU (gloo) with conveyor: every rank loads its own share, checkpoints its own
+loader state beside the model, and resumes exactly after a crash.
+
+    torchrun --nproc_per_node=2 examples/train_ddp.py --ckpt runs/ddp --epochs 3
+    torchrun --nproc_per_node=2 examples/train_ddp.py --ckpt runs/ddp --epochs 3   # resumes
+
+``shard`` reads rank and world from torch.distributed, and ``equalize`` gives every rank the
+same number of batches, so no rank waits forever at an epoch's end. Each rank writes
+``rank<R>-step<N>.pt`` (model, optimizer, its loader state) and keeps the last two; on a
+restart the ranks agree on the newest step that all of them saved (a kill can land between
+two ranks' saves). ``--dcp`` saves through torch.distributed.checkpoint instead, each rank's
+loader state under its own key.
+``--log-samples DIR`` appends ``step epoch idx,idx,...`` lines to ``DIR/rank<R>.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from conveyor import load_graph
+from conveyor.graphs.params import parse_set
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class LoaderState:
+    """A loader as a torch.distributed.checkpoint Stateful: its state travels as one JSON
+    string under a per-rank key, so DCP neither merges ranks' states nor flattens them."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def state_dict(self) -> dict:
+        return {"json": json.dumps(self.loader.state_dict())}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loader.load_state_dict(json.loads(state["json"]))
+
+
+def make_model(batch: dict) -> nn.Module:
+    if "image" in batch:
+        return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                             nn.Flatten(), nn.Linear(8, 10))
+    return nn.Linear(batch["x"].shape[1], 2)
+
+
+def inputs_of(batch: dict) -> torch.Tensor:
+    return batch["image"].float() / 255 if "image" in batch else batch["x"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default=str(ROOT / "specs/numbers.yaml"))
+    ap.add_argument("--set", action="append", default=[], metavar="K=V")
+    ap.add_argument("--ckpt", type=Path, required=True)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--every", type=int, default=2, help="checkpoint every N steps")
+    ap.add_argument("--dcp", action="store_true", help="use torch.distributed.checkpoint")
+    ap.add_argument("--log-samples", type=Path, default=None)
+    ap.add_argument("--step-sleep", type=float, default=0.0)
+    args = ap.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    loader = load_graph(args.spec, **parse_set(args.set))
+    first = next(iter(load_graph(args.spec, **parse_set(args.set))))  # shapes for the model
+    model = DDP(make_model(first))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = 0
+    args.ckpt.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    dcp_dir = args.ckpt / "dcp"
+    if args.dcp and (dcp_dir / ".metadata").exists():
+        import torch.distributed.checkpoint as dcp
+
+        state = {"model": model.state_dict(), "opt": opt.state_dict(),
+                 f"loader_rank{rank}": LoaderState(loader), "step": torch.zeros((), dtype=torch.long)}
+        dcp.load(state, checkpoint_id=str(dcp_dir))
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step = int(state["step"])
+        print(f"rank {rank}: resumed at step {step}", flush=True)
+    elif not args.dcp:
+        saved = sorted(int(p.stem.split("-step")[1]) for p in args.ckpt.glob(f"rank{rank}-step*.pt"))
+        newest = torch.tensor(saved[-1] if saved else 0)
+        dist.all_reduce(newest, op=dist.ReduceOp.MIN)  # the newest step every rank has
+        if int(newest) > 0:
+            ckpt = torch.load(args.ckpt / f"rank{rank}-step{int(newest)}.pt", weights_only=False)
+            model.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["opt"])
+            loader.load_state_dict(ckpt["data"])
+            step = ckpt["step"]
+            print(f"rank {rank}: resumed at step {step}", flush=True)
+
+    log = None
+    if args.log_samples:
+        args.log_samples.mkdir(parents=True, exist_ok=True)
+        log = open(args.log_samples / f"rank{rank}.log", "a")
+    batches_per_epoch: dict[int, int] = {}
+    with loader:
+        while loader.epoch < args.epochs - 1:
+            for batch in loader:
+                if loader.epoch >= args.epochs:  # resumed from the end of the last epoch
+                    break
+                loss = nn.functional.cross_entropy(model(inputs_of(batch)), batch["label"] % 2
+                                                   if "x" in batch else batch["label"])
+                opt.zero_grad()
+                loss.backward()  # DDP all-reduces here: a rank with fewer batches would hang
+                opt.step()
+                step += 1
+                batches_per_epoch[loader.epoch] = batches_per_epoch.get(loader.epoch, 0) + 1
+                if log:
+                    log.write(f"{step} {loader.epoch} {','.join(map(str, batch['index'].tolist()))}\n")
+                    log.flush()
+                if args.step_sleep:
+                    time.sleep(args.step_sleep)
+                if step % args.every == 0:
+                    if args.dcp:
+                        import torch.distributed.checkpoint as dcp
+
+                        dcp.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                                  f"loader_rank{rank}": LoaderState(loader),
+                                  "step": torch.tensor(step)}, checkpoint_id=str(dcp_dir))
+                    else:
+                        path = args.ckpt / f"rank{rank}-step{step}.pt"
+                        torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                                    "data": loader.state_dict(), "step": step}, path.with_suffix(".tmp"))
+                        os.replace(path.with_suffix(".tmp"), path)
+                        for old in args.ckpt.glob(f"rank{rank}-step*.pt"):
+                            if int(old.stem.split("-step")[1]) < step - args.every:
+                                old.unlink()  # keep this step's and the one before
+    print(f"rank {rank}/{world}: done at step {step}, batches per epoch {batches_per_epoch}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

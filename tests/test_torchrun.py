@@ -1,0 +1,134 @@
+"""Real torchrun jobs on the CPU (gloo, loopback only): disjoint equal shares, a killed job
+resumed from per-rank checkpoints, and torch.distributed.checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples/train_ddp.py"
+N_ITEMS = 40  # examples/data/numbers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(nproc: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(SCRIPT), *args]
+
+
+def _logs(folder: Path, nproc: int) -> dict[int, list[tuple[int, int, list[int]]]]:
+    out = {}
+    for r in range(nproc):
+        rows = []
+        for line in (folder / f"rank{r}.log").read_text().splitlines():
+            step, epoch, idx = line.split(" ")
+            rows.append((int(step), int(epoch), [int(i) for i in idx.split(",")]))
+        out[r] = rows
+    return out
+
+
+def _run(cmd: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_ranks_get_disjoint_equal_shares(tmp_path: Path, nproc: int) -> None:
+    _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ck"), "--epochs", "2", "--every", "100",
+                   "--log-samples", str(tmp_path / "logs"), "--set", "batch_size=4"))
+    logs = _logs(tmp_path / "logs", nproc)
+    for epoch in (0, 1):
+        per_rank = {r: [i for _, e, idx in rows if e == epoch for i in idx] for r, rows in logs.items()}
+        batches = {r: sum(1 for _, e, _ in rows if e == epoch) for r, rows in logs.items()}
+        assert len(set(batches.values())) == 1, f"uneven batch counts {batches}"
+        share = -(-N_ITEMS // nproc)  # equalize: repeat (default) -> ceil(n / world) each
+        assert all(len(v) == share for v in per_rank.values()), {r: len(v) for r, v in per_rank.items()}
+        everything = [i for v in per_rank.values() for i in v]
+        assert set(everything) == set(range(N_ITEMS))  # the whole dataset
+        repeated = len(everything) - N_ITEMS
+        assert repeated == share * nproc - N_ITEMS    # only the documented padding repeats
+        if nproc == 2:
+            assert not set(per_rank[0]) & set(per_rank[1])  # disjoint when it divides evenly
+
+
+@pytest.mark.timeout(400)
+def test_killed_job_resumes_every_rank_exactly(tmp_path: Path) -> None:
+    nproc = 2
+    common = ["--epochs", "3", "--every", "2", "--set", "batch_size=4"]
+    _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ref"), "--log-samples", str(tmp_path / "ref_logs"),
+                   *common))
+    reference = _logs(tmp_path / "ref_logs", nproc)
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(_torchrun(nproc, "--ckpt", str(tmp_path / "ck"), "--log-samples",
+                                      str(tmp_path / "logs1"), "--step-sleep", "0.15", *common),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    log0 = tmp_path / "logs1" / "rank0.log"
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            if log0.exists() and len(log0.read_text().splitlines()) >= 7:  # mid-epoch 1
+                break
+            assert proc.poll() is None, "the job ended before it could be killed"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+    out = _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ck"), "--log-samples", str(tmp_path / "logs2"),
+                         *common))
+    resumed_at = {int(line.split("resumed at step ")[1]) for line in out.stdout.splitlines()
+                  if "resumed at step" in line}
+    assert len(resumed_at) == 1, out.stdout
+    step = resumed_at.pop()
+    first, second = _logs(tmp_path / "logs1", nproc), _logs(tmp_path / "logs2", nproc)
+    for r in range(nproc):
+        combined = [row for row in first[r] if row[0] <= step] + second[r]
+        assert combined == reference[r], f"rank {r} differs after resuming at step {step}"
+    seen = defaultdict(list)
+    for r in range(nproc):
+        for _, e, idx in reference[r]:
+            seen[e].extend(idx)
+    assert all(sorted(v) == list(range(N_ITEMS)) for v in seen.values())
+
+
+@pytest.mark.timeout(300)
+def test_distributed_checkpoint_round_trip(tmp_path: Path) -> None:
+    nproc = 2
+    args = ["--every", "2", "--set", "batch_size=4", "--dcp"]
+    _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ref"), "--epochs", "2", "--log-samples",
+                   str(tmp_path / "ref_logs"), *args))
+    # the same job in two runs: one epoch, then resumed from the DCP checkpoint for the second
+    _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ck"), "--epochs", "1", "--log-samples",
+                   str(tmp_path / "logs1"), *args))
+    out = _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ck"), "--epochs", "2", "--log-samples",
+                         str(tmp_path / "logs2"), *args))
+    steps = {int(line.split("resumed at step ")[1]) for line in out.stdout.splitlines()
+             if "resumed at step" in line}
+    assert len(steps) == 1 and out.stdout.count("resumed at step") == nproc, out.stdout
+    step = steps.pop()
+    reference = _logs(tmp_path / "ref_logs", nproc)
+    first, second = _logs(tmp_path / "logs1", nproc), _logs(tmp_path / "logs2", nproc)
+    for r in range(nproc):
+        assert [row for row in first[r] if row[0] <= step] + second[r] == reference[r]
