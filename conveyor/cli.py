@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import re
 import sys
 import time
 from typing import Any, Sequence
 
 from conveyor.errors import ConveyorError, SpecErrors
-from conveyor.graphs.api import check_spec
+from conveyor.graphs.api import check_spec, read_spec
 from conveyor.graphs.compile import compile_plan, node_params
 from conveyor.graphs.loader import Loader
 from conveyor.graphs.params import parse_set
@@ -44,11 +46,19 @@ def batch_len(batch: Any) -> int:
     return int(shape[0]) if shape else 1
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+class UsageError(Exception):
+    """A mistake on the command line itself (exit status 2, like argparse's own)."""
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    """Read the spec, parse ``--set`` against its declared params, and check the whole spec."""
+    doc = read_spec(args.spec)
+    declared = doc.data.get("params") if isinstance(doc.data, dict) else None
     try:
-        return parse_set(args.set or [])
+        overrides = parse_set(args.set or [], declared if isinstance(declared, dict) else None)
     except ValueError as exc:
-        raise SystemExit(f"conveyor: {exc}") from None
+        raise UsageError(str(exc)) from None
+    return check_spec(doc, overrides)
 
 
 def _fmt_params(params: dict[str, Any]) -> str:
@@ -75,32 +85,44 @@ def _label(name: str, plan: Plan) -> str:
     return f"{name} ({node.op.name})" + (f"\\n{detail}" if detail else "")
 
 
+def _dot_id(name: str) -> str:
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def show_dot(plan: Plan) -> str:
     lines = ["digraph conveyor {", "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
     for name in plan.nodes:
         label = _label(name, plan).replace('"', '\\"')
         style = ", style=bold" if name == plan.output else ""
-        lines.append(f'  "{name}" [label="{label}"{style}];')
+        lines.append(f'  {_dot_id(name)} [label="{label}"{style}];')
     for name, node in plan.nodes.items():
         for i in node.inputs:
-            lines.append(f'  "{i}" -> "{name}";')
+            lines.append(f"  {_dot_id(i)} -> {_dot_id(name)};")
     lines.append("}")
     return "\n".join(lines)
 
 
+_MERMAID_WORDS = {"end", "graph", "subgraph", "flowchart", "style", "class", "classDef", "click",
+                  "linkStyle", "direction"}
+
+
 def show_mermaid(plan: Plan) -> str:
+    # a node name is its mermaid id when mermaid can read it as one; else n<index> (the label
+    # always shows the name)
+    ids = {name: name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and name not in _MERMAID_WORDS
+           else f"n{i}" for i, name in enumerate(plan.nodes)}
     lines = ["flowchart TD"]
     for name in plan.nodes:
         label = _label(name, plan).replace("\\n", "<br/>").replace('"', "#quot;")
-        lines.append(f'  {name}["{label}"]')
+        lines.append(f'  {ids[name]}["{label}"]')
     for name, node in plan.nodes.items():
         for i in node.inputs:
-            lines.append(f"  {i} --> {name}")
+            lines.append(f"  {ids[i]} --> {ids[name]}")
     return "\n".join(lines)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    plan = check_spec(args.spec, _overrides(args))
+    plan = _plan(args)
     print(f"ok: {args.spec}: {len(plan.nodes)} nodes, output '{plan.output}'")
     for name, node in plan.nodes.items():
         src = f" <- {', '.join(node.inputs)}" if node.inputs else ""
@@ -109,7 +131,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    plan = check_spec(args.spec, _overrides(args))
+    plan = _plan(args)
     print({"text": show_text, "dot": show_dot, "mermaid": show_mermaid}[args.format](plan))
     return 0
 
@@ -117,7 +139,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    plan = check_spec(args.spec, _overrides(args))
+    plan = _plan(args)
     batches = samples = 0
     t0 = time.perf_counter()
     with Loader(compile_plan(plan)) as loader:
@@ -179,6 +201,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
+    except UsageError as exc:
+        print(f"conveyor: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `conveyor show spec.yaml | head`: the reader left, say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the flush at exit does not fail again
+        return 1
     except SpecErrors as exc:
         for err in exc.errors:
             print(err, file=sys.stderr)

@@ -74,10 +74,13 @@ def node_params(plan_params: Any) -> dict[str, Any]:
 
 def summary(plan: Plan) -> dict[str, Any]:
     """The compiled graph as plain data: per node its op, params and inputs; and the output."""
+    copies = getattr(plan, "copies", None)
     return {
         "nodes": {n: {"op": p.op.name, "params": node_params(p.params), "inputs": list(p.inputs)}
                   for n, p in plan.nodes.items()},
         "output": plan.output,
+        "workers": None if copies is None else {"copies": copies.count, "method": copies.method,
+                                                "until": copies.until},
     }
 
 

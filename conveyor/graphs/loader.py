@@ -40,6 +40,23 @@ def _close_nodes(nodes: list[Any]) -> None:
                 log.exception("closing %r failed", node)
 
 
+class _EpochIterator:
+    """One epoch's iterator; ``iter()`` of it is itself, so ``it = iter(loader); next(it);
+    for batch in it`` stays in the same epoch. A newer epoch ends an older iterator."""
+
+    __slots__ = ("_loader", "_generation")
+
+    def __init__(self, loader: "Loader", generation: int):
+        self._loader = loader
+        self._generation = generation
+
+    def __iter__(self) -> "_EpochIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return self._loader._next(self._generation)
+
+
 class Loader:
     """An iterable over the batches of a compiled graph, with epochs and exact resume.
 
@@ -63,6 +80,7 @@ class Loader:
         self._peeked: list[Any] = []       # one batch read ahead after a restore
         self._peek_state: dict | None = None
         self._closed = False
+        self._generation = 0  # which iterator is current: an older one is finished
         self._t_start = 0.0
         inner = [compiled.nodes[n].inner for n in reversed(compiled.order) if n in compiled.nodes]
         self._finalizer = weakref.finalize(self, _close_nodes, inner)
@@ -118,10 +136,11 @@ class Loader:
         else:
             self._start(self._epoch + 1, None)
             self._yielded = 0
-        return self
+        self._generation += 1
+        return _EpochIterator(self, self._generation)
 
-    def __next__(self) -> Any:
-        if self._exhausted or not self._started:
+    def _next(self, generation: int) -> Any:
+        if self._exhausted or not self._started or generation != self._generation:
             raise StopIteration
         if self._peeked:
             item = self._peeked.pop()
@@ -150,6 +169,7 @@ class Loader:
             "format": STATE_FORMAT,
             "digest": self._digest,
             "spec": self._summary["nodes"],
+            "workers": self._summary["workers"],
             "rank": self._c.rank,
             "world": self._c.world,
             "epoch": self._epoch,
@@ -179,6 +199,12 @@ class Loader:
             raise StateError(f"state was saved by rank {state.get('rank')} of world {state.get('world')}, "
                              f"this is rank {self._c.rank} of world {self._c.world}: load each rank's "
                              "own state, with the same world size")
+        saved_w, now_w = state.get("workers") or {}, self._summary["workers"] or {}
+        if (saved_w.get("copies", 1), saved_w.get("until")) != (now_w.get("copies", 1), now_w.get("until")):
+            raise StateError(f"state was taken with {saved_w.get('copies', 1)} worker copies up to "
+                             f"'{saved_w.get('until')}', this graph runs {now_w.get('copies', 1)} up to "
+                             f"'{now_w.get('until')}': a state resumes only with the same copies "
+                             "(each copy's position is part of it)")
         if state.get("digest") != self._digest:
             self._compare(state.get("spec") or {}, strict)
         self._pending = state

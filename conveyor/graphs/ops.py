@@ -137,7 +137,7 @@ class MapParams:
 def _build_map(p: MapParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
     return Map(inputs[0], fn=resolve_fn(p.fn), args=p.args, workers=p.workers, method=p.method.value,
                on_error=p.on_error.value, seed=ctx.seed_for(p.seed), rank=ctx.rank, where=ctx.where,
-               mp_context=p.mp_context, snapshot_every=p.snapshot_every)
+               mp_context=p.mp_context, snapshot_every=p.snapshot_every, ordered=p.ordered)
 
 
 @dataclass(frozen=True)

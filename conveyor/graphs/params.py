@@ -20,6 +20,7 @@ import yaml
 from conveyor.errors import SpecError
 
 _REF = re.compile(r"\$\{([^}]*)\}")
+_NUMBER = re.compile(r"[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?")
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
@@ -28,27 +29,58 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def parse_set(pairs: Iterable[str]) -> dict[str, Any]:
+def parse_set(pairs: Iterable[str], declared: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Turn ``["batch_size=64", "root=s3://b/x"]`` into typed values.
 
+    Each value is read as YAML (``64`` an int, ``0.5`` and ``1e-3`` floats, ``true`` a bool,
+    ``[1, 2]`` a list, ``{a: 1}`` a mapping); anything else, dates and ``a: b`` included, stays
+    text. Only the first ``=`` splits, so ``filter=x=1`` sets ``filter`` to ``"x=1"``.
+
+    Args:
+        pairs: ``key=value`` strings, as given to ``--set``.
+        declared: the spec's ``params:``; a param whose default is a string then keeps the text
+            as written (``--set tag=007`` gives ``"007"``, not the int 7).
+
     Raises:
-        ValueError: for an item without ``=``.
+        ValueError: for an item without ``=`` or without a key.
+
+    Example:
+        >>> parse_set(["batch_size=64", "lr=1e-3", "root=s3://b/x", "flip=true"])
+        {'batch_size': 64, 'lr': 0.001, 'root': 's3://b/x', 'flip': True}
     """
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        if not sep or not key.strip():
+        key, text = key.strip(), raw.strip()
+        if not sep or not key:
             raise ValueError(f"--set expects key=value, got {pair!r}")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = yaml.safe_load(text) if text else ""
         except yaml.YAMLError:
-            value = raw
-        out[key.strip()] = value
+            value = text
+        if isinstance(value, str) and value == text and _NUMBER.fullmatch(text):
+            try:
+                value = float(text)  # YAML 1.1 reads 1e-3 (no dot) as a string
+            except ValueError:
+                pass
+        elif isinstance(value, dict) and not text.startswith("{"):
+            value = text  # "a: b" is text here, not a mapping
+        elif not isinstance(value, (str, bool, int, float, list, dict, type(None))):
+            value = text  # dates and timestamps stay as written
+        if declared is not None and isinstance(declared.get(key), str) and \
+                isinstance(value, (bool, int, float)):
+            value = text
+        out[key] = value
     return out
 
 
 def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
+    return {bool: "bool", int: "int", float: "float", str: "string", list: "list", tuple: "list",
+            dict: "mapping", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _article(name: str) -> str:
+    return ("an " if name[0] in "aeiou" else "a ") + name
 
 
 def _fits(default: Any, value: Any) -> bool:
@@ -84,13 +116,12 @@ def apply_overrides(
     for key, value in overrides.items():
         if key not in declared:
             errors.append(SpecError(
-                f"unknown override '{key}': the spec declares no such param"
-                + did_you_mean(key, declared) + f"; declared: {', '.join(sorted(declared)) or 'none'}",
-                path, line, col, param=key))
+                "unknown override: the spec declares no such param" + did_you_mean(key, declared)
+                + f"; declared: {', '.join(sorted(declared)) or 'none'}", path, line, col, param=key))
             continue
         if not _fits(declared[key], value):
             errors.append(SpecError(
-                f"override expects {_type_name(declared[key])} (like the default "
+                f"override expects {_article(_type_name(declared[key]))} (like the default "
                 f"{declared[key]!r}), got {_type_name(value)} {value!r}", path, line, col, param=key))
             continue
         merged[key] = float(value) if isinstance(declared[key], float) else value

@@ -63,6 +63,7 @@ _BUILTIN: dict[str, str] = {
     "batch": "conveyor.graphs.ops:BATCH",
     "bucket_batch": "conveyor.graphs.ops_text:BUCKET_BATCH",
     "collate": "conveyor.graphs.ops:COLLATE",
+    "fetch": "conveyor.graphs.ops_storage:FETCH",
     "filter": "conveyor.graphs.ops:FILTER",
     "list_files": "conveyor.graphs.ops:LIST_FILES",
     "map": "conveyor.graphs.ops:MAP",
@@ -71,6 +72,7 @@ _BUILTIN: dict[str, str] = {
     "pin_memory": "conveyor.graphs.ops:PIN_MEMORY",
     "prefetch": "conveyor.graphs.ops:PREFETCH",
     "read_jsonl": "conveyor.graphs.ops_text:READ_JSONL",
+    "read_tar": "conveyor.graphs.ops_storage:READ_TAR",
     "shard": "conveyor.graphs.ops:SHARD",
     "shuffle_buffer": "conveyor.graphs.ops:SHUFFLE_BUFFER",
     "to_device": "conveyor.graphs.ops:TO_DEVICE",
@@ -150,6 +152,9 @@ def resolve_fn(ref: Any) -> Callable:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"cannot import module '{module_name}' for {ref!r}: {exc}") from None
+    except Exception as exc:  # the module exists but fails while importing (a bug in user code)
+        raise ValueError(f"importing module '{module_name}' for {ref!r} failed: "
+                         f"{type(exc).__name__}: {exc}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             names = [n for n in dir(obj) if not n.startswith("_")]

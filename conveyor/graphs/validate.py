@@ -19,12 +19,13 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from conveyor.errors import SpecError, SpecErrors
+from conveyor.errors import ConveyorError, SpecError, SpecErrors
+from conveyor.graphs.copies_check import check_copies
 from conveyor.graphs.params import apply_overrides, did_you_mean, interpolate
 from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, op_names, resolve_fn
 from conveyor.graphs.yaml_loader import Located
 
-TOP_KEYS = ("params", "nodes", "output", "resumable", "description")
+TOP_KEYS = ("params", "nodes", "output", "resumable", "workers", "description")
 NODE_KEYS = ("op", "input")
 SHUFFLE_AFTER_HEAVY_LIMIT = 64  # a shuffle window bigger than this after a decode is refused
 
@@ -52,6 +53,7 @@ class Plan:
     output: str
     resumable: bool
     seed: int
+    copies: Any = None  # CopiesPlan from the top-level `workers`, or None
 
 
 class _Errors:
@@ -78,6 +80,7 @@ def _check_params(op: OpSpec, name: str, body: dict[str, Any], params: Mapping[s
     raw: dict[str, Any] = {}
     ok = True
     at_node = ("nodes", name)
+    suggested: set[str] = set()  # a typo'd param is reported once, not also as missing
     for key, value in body.items():
         if key in NODE_KEYS:
             continue
@@ -85,6 +88,7 @@ def _check_params(op: OpSpec, name: str, body: dict[str, Any], params: Mapping[s
             choices = list(fields) + list(NODE_KEYS)
             hint = did_you_mean(key, choices) or (
                 f"; {op.name} takes: {', '.join(fields) or 'no params'}")
+            suggested.update(c for c in choices if hint == f" (did you mean '{c}'?)")
             errs.add(f"unknown param '{key}'{hint}", at_node + (key,), key=True, node=name, op=op.name,
                      param=key)
             ok = False
@@ -108,7 +112,8 @@ def _check_params(op: OpSpec, name: str, body: dict[str, Any], params: Mapping[s
             continue
         low = fields[key].metadata.get("min")
         if low is not None and typed is not None and isinstance(typed, (int, float)) and typed < low:
-            what = "a positive int" if low == 1 else f"a value >= {low}"
+            kind = "an int" if isinstance(typed, int) else "a number"
+            what = "a positive int" if low == 1 and isinstance(typed, int) else f"{kind} >= {low}"
             errs.add(f"expected {what}, got {typed!r}", at_node + (key,), node=name, op=op.name, param=key)
             ok = False
             continue
@@ -121,9 +126,9 @@ def _check_params(op: OpSpec, name: str, body: dict[str, Any], params: Mapping[s
                 continue
         values[key] = typed
     for fname, f in fields.items():
-        if fname not in values and fname not in body and f.default is dataclasses.MISSING \
-                and f.default_factory is dataclasses.MISSING:
-            errs.add(f"missing required param '{fname}'" + (f" ({f.metadata['doc']})" if f.metadata.get("doc") else ""),
+        if fname not in values and fname not in body and fname not in suggested \
+                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            errs.add(f"missing; {op.name} requires it" + (f" ({f.metadata['doc']})" if f.metadata.get("doc") else ""),
                      at_node, key=True, node=name, op=op.name, param=fname)
             ok = False
     if not ok:
@@ -150,6 +155,10 @@ def _inputs_of(name: str, body: dict[str, Any], op: OpSpec, previous: str | None
                      "such as list_files", ("nodes", name), key=True, node=name, op=op.name, param="input")
             return []
         return [previous]
+    if op.inputs == "many" and isinstance(given, str):
+        errs.add(f"{op.name} combines several inputs: name them as a list, e.g. input: [{given}, other]",
+                 at, node=name, op=op.name, param="input")
+        return []
     names = [given] if isinstance(given, str) else given
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not names:
         errs.add(f"input must be a node name or a list of names, got {given!r}", at, node=name,
@@ -159,6 +168,38 @@ def _inputs_of(name: str, body: dict[str, Any], op: OpSpec, previous: str | None
         errs.add(f"{op.name} takes one input, got {len(names)}", at, node=name, op=op.name, param="input")
         return []
     return names
+
+
+def _op_of(name: str, body: Any, known: list[str], errs: _Errors) -> OpSpec | None:
+    """The node's ``OpSpec``, or ``None`` after reporting why there is none."""
+    at = ("nodes", name)
+    if not isinstance(body, dict):
+        errs.add(f"a node is a mapping like {{op: batch, size: 32}}, got {_type_name(body)}", at, node=name)
+        return None
+    op_name = body.get("op")
+    if op_name is None:
+        errs.add("missing: every node names its op, e.g. op: batch", at, key=True, node=name, param="op")
+        return None
+    try:
+        op = get_op(op_name) if isinstance(op_name, str) else None
+    except ConveyorError as exc:  # a registered op whose module fails to import
+        errs.add(str(exc), at + ("op",), node=name, param="op")
+        return None
+    if op is None:
+        hint = did_you_mean(str(op_name), known)
+        errs.add(f"unknown op '{op_name}'" + (hint or f"; known ops: {', '.join(known)}"), at + ("op",),
+                 node=name, param="op")
+    return op
+
+
+def _mentioned(body: Any, previous: str | None) -> list[str]:
+    """The nodes a node may have meant to read: what its ``input`` names, else the node above."""
+    given = body.get("input") if isinstance(body, dict) else None
+    names = given if isinstance(given, list) else [given]
+    named = [n for n in names if isinstance(n, str)]
+    if not named and previous is not None:
+        return [previous]
+    return named
 
 
 def _find_cycle(inputs: dict[str, list[str]]) -> list[str] | None:
@@ -218,8 +259,8 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
         raise SpecErrors(errs.items)
     for key in data:
         if key not in TOP_KEYS:
-            errs.add(f"unknown top-level key '{key}'" + did_you_mean(key, TOP_KEYS)
-                     + f"; a spec has: {', '.join(TOP_KEYS)}", (key,), key=True)
+            errs.add(f"unknown top-level key '{key}'"
+                     + (did_you_mean(key, TOP_KEYS) or f"; a spec has: {', '.join(TOP_KEYS)}"), (key,), key=True)
 
     declared = data.get("params") or {}
     if not isinstance(declared, dict):
@@ -243,29 +284,24 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
 
     known = op_names()
     previous: str | None = None
+    # nodes that may be read by a node whose inputs could not be worked out (a broken node, a
+    # misspelt input): not also reported as consumed by nothing, which would only repeat the error
+    maybe_used: set[str] = set()
     for name, body in raw_nodes.items():
         at = ("nodes", name)
         nline, ncol = doc.where(at, key=True)
-        if not isinstance(body, dict):
-            errs.add(f"a node is a mapping like {{op: batch, size: 32}}, got {_type_name(body)}", at,
-                     node=name)
-            previous = name
-            continue
-        op_name = body.get("op")
-        if op_name is None:
-            errs.add("missing 'op'", at, key=True, node=name, param="op")
-            previous = name
-            continue
-        op = get_op(op_name) if isinstance(op_name, str) else None
+        op = _op_of(name, body, known, errs)
         if op is None:
-            errs.add(f"unknown op '{op_name}'" + did_you_mean(str(op_name), known)
-                     + ("" if did_you_mean(str(op_name), known) else f"; known ops: {', '.join(known)}"),
-                     at + ("op",), node=name, param="op")
+            maybe_used.update(_mentioned(body, previous))
             previous = name
             continue
+        before = len(errs.items)
         inputs = _inputs_of(name, body, op, previous, errs)
+        inputs_ok = len(errs.items) == before
+        if not inputs_ok:
+            maybe_used.update(_mentioned(body, previous))
         typed, raw = _check_params(op, name, body, params, errs)
-        if typed is not None and op.check is not None:
+        if typed is not None and op.check is not None and inputs_ok:
             for pname, message in op.check(typed, len(inputs)):
                 errs.add(message, at + (pname,), node=name, op=op.name, param=pname)
         nodes[name] = NodePlan(name, op, typed, inputs, nline, ncol, raw)
@@ -279,6 +315,7 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
                 at = ("nodes", plan.name, "input") + ((i,) if isinstance(raw_nodes[plan.name].get("input"), list) else ())
                 errs.add(f"input '{inp}' is not defined" + did_you_mean(inp, all_names), at, node=plan.name,
                          op=plan.op.name, param="input")
+                maybe_used.update(n for n in all_names if did_you_mean(inp, all_names) == f" (did you mean '{n}'?)")
 
     graph = {n: [i for i in p.inputs if i in raw_nodes] for n, p in nodes.items()}
     cycle = _find_cycle(graph)
@@ -287,6 +324,7 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
         errs.add("cycle: " + " -> ".join(reversed(cycle)), ("nodes", first), key=True, node=first,
                  op=nodes[first].op.name)
 
+    copies = None
     output = data.get("output", all_names[-1])
     if not isinstance(output, str) or output not in raw_nodes:
         errs.add(f"output '{output}' is not a node" + did_you_mean(str(output), all_names),
@@ -299,20 +337,24 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
                 consumers.setdefault(i, []).append(p.name)
         for n, by in consumers.items():
             if len(by) > 1:
-                errs.add(f"node '{n}' feeds {len(by)} nodes ({', '.join(by)}): a stream can feed only "
-                         "one node; build a second source for the other branch", ("nodes", by[1]),
-                         key=True, node=by[1], op=nodes[by[1]].op.name, param="input")
+                what = (f"{len(by)} nodes ({', '.join(by)})" if len(set(by)) == len(by)
+                        else f"node '{by[0]}' {len(by)} times")
+                errs.add(f"node '{n}' feeds {what}: a stream can feed only one node; build a second "
+                         "source for the other branch", ("nodes", by[1]), key=True, node=by[1],
+                         op=nodes[by[1]].op.name, param="input")
         for n in all_names:
-            if n not in used and n != output:
+            if n not in used and n not in maybe_used and n != output:
                 errs.add(f"nothing consumes node '{n}' and it is not the output '{output}': "
                          "remove it or name it as an input", ("nodes", n), key=True, node=n,
                          op=nodes[n].op.name if n in nodes else None)
         _graph_rules(nodes, graph, resumable, errs)
+        copies = check_copies(data.get("workers"), nodes, graph, output, params, errs)
 
     seed = params.get("seed", 0)
     if errs.items:
         raise SpecErrors(errs.items)
-    return Plan(doc.path, params, nodes, output, resumable, seed if isinstance(seed, int) else 0)
+    return Plan(doc.path, params, nodes, output, resumable, seed if isinstance(seed, int) else 0,
+                copies)
 
 
 def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resumable: bool,
@@ -326,7 +368,7 @@ def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resuma
                 errs.add("an unordered map cannot resume exactly (its output order depends on "
                          "timing); set ordered: true, or declare 'resumable: false' for the graph",
                          ("nodes", plan.name, "ordered"), node=plan.name, op="map", param="ordered")
-            if p.method.value == "process":
+            if p.method.value == "process" and p.workers > 0:
                 try:
                     pickle.dumps(resolve_fn(p.fn))
                 except Exception as exc:

@@ -28,11 +28,14 @@ LABEL_CHOICES = (None, "parent_dir")
 def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[str]]:
     fs, _, _ = fsspec.get_fs_token_paths(url, storage_options=storage_options or {})
     protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    path = fs._strip_protocol(url)
     try:
-        matches = fs.glob(fs._strip_protocol(url))
+        if not any(c in url for c in "*?[") and fs.isdir(path):
+            matches = fs.find(path)  # a folder: every file below it
+        else:
+            matches = [m for m in fs.glob(path) if not fs.isdir(m)]
     except FileNotFoundError:
         matches = []
-    matches = [m for m in matches if not fs.isdir(m)] if any(c in url for c in "*?[") else matches
     if protocol in ("file", "local"):
         return protocol, sorted(matches)
     return protocol, sorted(f"{protocol}://{m}" for m in matches)
@@ -42,7 +45,8 @@ class ListFiles(BaseNode[dict]):
     """Yield one record per file matched by ``url``, sorted by path.
 
     Args:
-        url: a glob, e.g. ``data/train/*/*.JPEG`` or ``s3://bucket/train/*/*.JPEG``.
+        url: a glob, e.g. ``data/train/*/*.JPEG`` or ``s3://bucket/train/*/*.JPEG``; a folder
+            without a glob lists every file below it.
         label: ``None`` or ``"parent_dir"`` (class index from the parent folder's name).
         shuffle: permute the listing each epoch, seeded by (seed, epoch).
         seed: the shuffle's seed.

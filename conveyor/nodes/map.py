@@ -113,11 +113,13 @@ class Map(BaseNode):
         args: keyword arguments for ``fn``.
         workers: 0 runs inline; N > 0 runs N threads or processes.
         method: ``"thread"`` (Pillow and torch release the GIL) or ``"process"`` (pure-Python fns).
-        on_error: ``"raise"`` or ``"skip"`` (counted in ``stats()``).
+        on_error: ``"raise"`` or ``"skip"`` (counted per epoch in ``stats()`` and the state).
         seed: base seed for the ``rng``.
         rank: mixed into the seed of items without an ``"index"``.
         where: text for error notes, e.g. ``"node 'decode' (map) from specs/x.yaml:18"``.
         mp_context: multiprocessing start method for ``method="process"``.
+        ordered: keep the input order (``False`` yields results as they finish: faster with
+            uneven item costs, but neither deterministic nor exactly resumable).
         max_concurrent: items in flight (default: 2 per worker).
         snapshot_every: with workers, take the input's state every N items; a restore then
             re-reads (without mapping) at most N input items.
@@ -130,11 +132,12 @@ class Map(BaseNode):
 
     SOURCE_KEY = "source"
     SKIP_KEY = "skip"
+    SKIPPED_KEY = "skipped"
 
     def __init__(self, source: BaseNode, *, fn: Callable, args: dict[str, Any] | None = None,
                  workers: int = 0, method: str = "thread", on_error: str = "raise", seed: int = 0,
                  rank: int = 0, where: str | None = None, mp_context: str | None = None,
-                 max_concurrent: int | None = None, snapshot_every: int = 1):
+                 max_concurrent: int | None = None, snapshot_every: int = 1, ordered: bool = True):
         super().__init__()
         if not isinstance(workers, int) or workers < 0:
             raise ValueError(f"{workers=} must be an int >= 0")
@@ -153,6 +156,7 @@ class Map(BaseNode):
         if not isinstance(snapshot_every, int) or snapshot_every < 1:
             raise ValueError(f"{snapshot_every=} must be an int >= 1")
         self.snapshot_every = snapshot_every
+        self.ordered = ordered
         self.skipped = 0
         self._pm: ParallelMapper | None = None
 
@@ -171,6 +175,7 @@ class Map(BaseNode):
         super().reset(initial_state)
         self.close()
         pm_state = None
+        self.skipped = 0 if initial_state is None else initial_state.get(self.SKIPPED_KEY, 0)
         if initial_state is None:
             if self.workers == 0:
                 self.source.reset()
@@ -185,7 +190,7 @@ class Map(BaseNode):
         if self.workers == 0:
             return
         self._pm = ParallelMapper(
-            self.source, self.call, num_workers=self.workers, in_order=True, method=self.method,
+            self.source, self.call, num_workers=self.workers, in_order=self.ordered, method=self.method,
             multiprocessing_context=self.mp_context, max_concurrent=self.max_concurrent,
             snapshot_frequency=self.snapshot_every)
         self._pm.reset(pm_state)
@@ -209,6 +214,8 @@ class Map(BaseNode):
 
     def get_state(self) -> dict:
         if self._pm is None:
-            return {self.SOURCE_KEY: self.source.state_dict(), self.SKIP_KEY: 0}
+            return {self.SOURCE_KEY: self.source.state_dict(), self.SKIP_KEY: 0,
+                    self.SKIPPED_KEY: self.skipped}
         it_state = self._pm.state_dict()[ParallelMapper.IT_STATE_KEY]
-        return {self.SOURCE_KEY: it_state["snapshot"], self.SKIP_KEY: it_state["steps_since_snapshot"]}
+        return {self.SOURCE_KEY: it_state["snapshot"], self.SKIP_KEY: it_state["steps_since_snapshot"],
+                self.SKIPPED_KEY: self.skipped}

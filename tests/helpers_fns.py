@@ -1,0 +1,46 @@
+"""Small map/filter functions that the spec and node tests name as ``helpers_fns:<name>``.
+
+``tests/`` is on ``sys.path`` while pytest runs (conftest.py makes sure of it), so specs can
+name these like any user function.
+"""
+
+from __future__ import annotations
+
+import random
+
+
+def ident(item):
+    """The item unchanged."""
+    return item
+
+
+def heavy_decode(item):
+    """Stands for a decoder: its outputs are big, so shuffling them after it is refused."""
+    return item
+
+
+heavy_decode.heavy_output = True
+
+# a module-level lambda: importable by name, but pickle cannot find it by its qualname
+unpicklable = lambda item: item  # noqa: E731
+
+
+def times(item, *, k: int = 2):
+    """``item * k``."""
+    return item * k
+
+
+def noisy(item, *, rng: random.Random):
+    """``(item, a random draw)``: the draw must depend only on the seed, epoch and sample."""
+    return item, rng.random()
+
+
+def fail_on_three(item):
+    """Raise ``KeyError`` for multiples of 3, else return the item."""
+    if item % 3 == 0:
+        raise KeyError(f"no key for {item}")
+    return item
+
+
+def is_even(item) -> bool:
+    return item % 2 == 0

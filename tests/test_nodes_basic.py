@@ -1,0 +1,523 @@
+"""Each op as a plain torchdata node, without YAML: what it yields, counts, and restores."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torchdata.nodes import BaseNode, IterableWrapper
+
+import conveyor
+import helpers_fns as fns
+from conveyor import SourceError, StateError
+from conveyor.nodes.batch import Batch
+from conveyor.nodes.collate import Collate
+from conveyor.nodes.filter import Filter
+from conveyor.nodes.list_files import ListFiles
+from conveyor.nodes.map import Map
+from conveyor.nodes.mix import Mix
+from conveyor.nodes import pin_memory
+from conveyor.nodes.pin_memory import PinMemory
+from conveyor.nodes.prefetch import Prefetch
+from conveyor.nodes.shard import Shard
+from conveyor.nodes.shuffle_buffer import ShuffleBuffer
+
+NUMBERS = Path(__file__).resolve().parent.parent / "examples" / "data" / "numbers"
+
+
+def take(node: BaseNode, n: int = 10**6) -> list:
+    """Up to ``n`` items from a node that has been reset."""
+    out = []
+    for _ in range(n):
+        try:
+            out.append(next(node))
+        except StopIteration:
+            break
+    return out
+
+
+def run(node: BaseNode, state: dict | None = None) -> list:
+    node.reset(state)
+    return take(node)
+
+
+def resumes_from_every_step(make, *, steps: int | None = None) -> None:
+    """A fresh node restored from the state after step k yields what the first one yields after k."""
+    node = make()
+    full = run(node)
+    for k in range(min(len(full), steps or len(full)) + 1):
+        node = make()
+        node.reset()
+        head = take(node, k)
+        state = node.state_dict()
+        again = make()
+        assert head + run(again, state) == full, f"resume after {k} items"
+        for n in (node, again):
+            getattr(n, "close", lambda: None)()
+
+
+# ----- list_files --------------------------------------------------------------------------
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    for rel in ["dogs/b.txt", "dogs/a.txt", "cats/z.txt", "cats/notes.md", "birds/x.txt", "top.txt"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    (tmp_path / "fish.txt").mkdir()  # a folder whose name matches the glob is not a file
+    return tmp_path
+
+
+def test_list_files_sorted_with_parent_dir_labels(tree: Path):
+    node = ListFiles(url=f"{tree}/*/*.txt", label="parent_dir")
+    assert run(node) == [
+        {"path": f"{tree}/birds/x.txt", "label": 0, "index": 0},
+        {"path": f"{tree}/cats/z.txt", "label": 1, "index": 1},
+        {"path": f"{tree}/dogs/a.txt", "label": 2, "index": 2},
+        {"path": f"{tree}/dogs/b.txt", "label": 2, "index": 3},
+    ]
+    assert node.classes == ["birds", "cats", "dogs"]
+
+
+def test_list_files_without_labels_skips_folders(tree: Path):
+    assert [(r["path"], r["label"]) for r in run(ListFiles(url=f"{tree}/*.txt"))] == [(f"{tree}/top.txt", -1)]
+    assert [r["index"] for r in run(ListFiles(url=f"file://{tree}/dogs/*.txt"))] == [0, 1]
+
+
+def test_list_files_glob_that_matches_nothing_names_the_url(tmp_path: Path):
+    url = f"{tmp_path}/missing/*.jpg"
+    node = ListFiles(url=url)
+    with pytest.raises(SourceError) as info:
+        node.reset()
+    assert repr(url) in str(info.value)
+    assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, conveyor.ConveyorError)
+
+
+def test_list_files_shuffle_is_a_permutation_per_epoch_and_a_position_state(tree: Path):
+    def make(epoch: int = 0, seed: int = 7) -> ListFiles:
+        node = ListFiles(url=f"{tree}/**/*.txt", shuffle=True, seed=seed)
+        node.set_epoch(epoch)
+        return node
+
+    orders = {tuple(r["index"] for r in run(make(e))) for e in range(6)}
+    assert all(sorted(o) == list(range(5)) for o in orders)
+    assert len(orders) > 1  # epochs reshuffle
+    assert run(make(3)) == run(make(3))
+    resumes_from_every_step(lambda: make(2))
+    node = make(1)
+    node.reset()
+    take(node, 2)
+    assert node.state_dict() == {"pos": 2}
+
+
+def test_list_files_refuses_an_unknown_label():
+    with pytest.raises(ValueError, match="label='folder'"):
+        ListFiles(url="x/*", label="folder")
+
+
+# ----- shard -------------------------------------------------------------------------------
+
+# item counts below divide evenly among the slots, so no epoch-equalizing policy changes them
+def test_shard_explicit_rank_and_world():
+    assert run(Shard(IterableWrapper(range(12)), rank=1, world=3)) == [1, 4, 7, 10]
+    assert run(Shard(IterableWrapper(range(12)), rank=1, world=2, worker=1, workers=2)) == [3, 7, 11]
+    parts = [run(Shard(IterableWrapper(range(20)), rank=r, world=4)) for r in range(4)]
+    assert sorted(sum(parts, [])) == list(range(20))  # disjoint and complete
+
+
+def test_shard_reads_rank_and_world_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    node = Shard(IterableWrapper(range(8)))
+    assert (node.rank, node.world) == (2, 4)
+    assert run(node) == [2, 6]
+    assert run(Shard(IterableWrapper(range(8)), rank=0)) == [0, 4]  # explicit wins
+    with pytest.raises(ValueError, match=r"rank=2 must be in \[0, world=2\)"):
+        Shard(IterableWrapper(range(8)), world=2)  # rank 2 from the environment, world 2 given
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert run(Shard(IterableWrapper(range(3)))) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("kw", [dict(rank=3, world=3), dict(rank=-1, world=2), dict(rank=0, world=0),
+                                dict(rank=0, world=1, worker=2, workers=2)])
+def test_shard_refuses_impossible_slots(kw):
+    with pytest.raises(ValueError):
+        Shard(IterableWrapper(range(3)), **kw)
+
+
+def test_shard_resumes():
+    resumes_from_every_step(lambda: Shard(IterableWrapper(range(12)), rank=1, world=3))
+
+
+# ----- shuffle_buffer ----------------------------------------------------------------------
+
+def make_shuffle(n: int = 30, size: int = 8, seed: int = 3, epoch: int = 0, rank: int = 0) -> ShuffleBuffer:
+    node = ShuffleBuffer(IterableWrapper(range(n)), size=size, seed=seed, rank=rank)
+    node.set_epoch(epoch)
+    return node
+
+
+def test_shuffle_buffer_permutes_within_windows():
+    out = run(make_shuffle())
+    assert sorted(out) == list(range(30)) and out != list(range(30))
+    for w in range(0, 30, 8):  # a window never lets an item out of it
+        assert sorted(out[w:w + 8]) == list(range(w, min(w + 8, 30)))
+
+
+def test_shuffle_buffer_seed_epoch_and_rank():
+    base = run(make_shuffle())
+    assert run(make_shuffle()) == base
+    assert run(make_shuffle(epoch=1)) != base
+    assert run(make_shuffle(seed=4)) != base
+    assert run(make_shuffle(rank=1)) != base
+    node = make_shuffle()  # set_epoch on the same node between epochs
+    epochs = []
+    for e in range(3):
+        node.set_epoch(e)
+        epochs.append(run(node))
+    assert epochs[0] == base and epochs[1] == run(make_shuffle(epoch=1)) and epochs[1] != epochs[2]
+
+
+def test_shuffle_buffer_restore_mid_window_equals_uninterrupted():
+    resumes_from_every_step(lambda: make_shuffle(epoch=2))
+    node = make_shuffle()
+    node.reset()
+    take(node, 13)  # window 1, 5 items into it
+    state = node.state_dict()
+    assert state["window"] == 1 and state["pos"] == 5
+    assert state["source"] == {"_num_yielded": 8}  # where window 1 starts, not the items
+
+
+def test_shuffle_buffer_refuses_size_zero():
+    with pytest.raises(ValueError, match="size=0"):
+        ShuffleBuffer(IterableWrapper([]), size=0)
+
+
+# ----- map ---------------------------------------------------------------------------------
+
+def test_map_inline_and_threads_give_the_same_results(no_new_threads):
+    records = [{"index": i, "v": i} for i in range(40)]
+    results = []
+    for workers in (0, 2):
+        node = Map(IterableWrapper(records), fn=fns.noisy, workers=workers, seed=5)
+        results.append(run(node))
+        node.close()
+    assert results[0] == results[1]
+    assert [item["v"] for item, _ in results[0]] == list(range(40))
+
+
+def test_map_rng_depends_on_seed_epoch_and_sample_not_position_or_workers(no_new_threads):
+    def draws(records, *, workers=0, seed=5, epoch=0):
+        node = Map(IterableWrapper(records), fn=fns.noisy, workers=workers, seed=seed)
+        node.set_epoch(epoch)
+        out = {item["index"]: r for item, r in run(node)}
+        node.close()
+        return out
+
+    records = [{"index": i} for i in range(20)]
+    base = draws(records)
+    assert draws(list(reversed(records)), workers=2) == base  # per sample, whatever the order
+    assert draws(records, epoch=1) != base
+    assert draws(records, seed=6) != base
+    assert len(set(base.values())) == 20
+    # items without an "index" draw by position
+    plain = Map(IterableWrapper(range(10)), fn=fns.noisy, workers=2)
+    threaded = run(plain)
+    plain.close()
+    assert threaded == run(Map(IterableWrapper(range(10)), fn=fns.noisy))
+
+
+def test_map_args_and_resume(no_new_threads):
+    node = Map(IterableWrapper(range(5)), fn=fns.times, args={"k": 3})
+    assert run(node) == [0, 3, 6, 9, 12]
+    resumes_from_every_step(lambda: Map(IterableWrapper(range(9)), fn=fns.times, workers=2))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_map_on_error_skip_counts(workers, caplog, no_new_threads):
+    node = Map(IterableWrapper(range(10)), fn=fns.fail_on_three, on_error="skip", workers=workers,
+               where="node 'parse' (map) from s.yaml:4")
+    with caplog.at_level(logging.WARNING, logger="conveyor.nodes.map"):
+        assert run(node) == [1, 2, 4, 5, 7, 8]
+    node.close()
+    assert node.stats() == {"skipped": 4}
+    assert "node 'parse' (map) from s.yaml:4: skipped an item (KeyError: 'no key for 3')" in caplog.messages
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_map_on_error_raise_keeps_the_exception_and_names_the_node(workers, no_new_threads):
+    node = Map(IterableWrapper(range(1, 10)), fn=fns.fail_on_three, workers=workers,
+               where="node 'parse' (map) from s.yaml:4")
+    node.reset()
+    assert take(node, 2) == [1, 2]
+    with pytest.raises(KeyError) as info:
+        next(node)
+    node.close()
+    assert info.value.args == ("no key for 3",)
+    assert info.value.__notes__ == ["in node 'parse' (map) from s.yaml:4"]
+
+
+def test_map_refuses_bad_arguments():
+    for kw, text in [(dict(workers=-1), "workers=-1"), (dict(method="fiber"), "method='fiber'"),
+                     (dict(on_error="ignore"), "on_error='ignore'")]:
+        with pytest.raises(ValueError, match=text):
+            Map(IterableWrapper([]), fn=fns.ident, **kw)
+
+
+# ----- filter, batch, collate, pin_memory, prefetch -----------------------------------------
+
+def test_filter_counts_what_it_drops():
+    node = Filter(IterableWrapper(range(10)), fn=fns.is_even)
+    assert run(node) == [0, 2, 4, 6, 8]
+    assert node.stats() == {"filtered": 5}
+    node.reset()
+    take(node, 2)
+    state = node.state_dict()
+    again = Filter(IterableWrapper(range(10)), fn=fns.is_even)
+    assert run(again, state) == [4, 6, 8] and again.stats() == {"filtered": 5}
+
+
+def test_filter_error_names_the_node():
+    node = Filter(IterableWrapper([2, "x"]), fn=fns.is_even, where="node 'keep' (filter)")
+    node.reset()
+    assert next(node) == 2
+    with pytest.raises(TypeError) as info:
+        next(node)
+    assert info.value.__notes__ == ["in node 'keep' (filter)"]
+
+
+def test_batch_drop_last():
+    assert run(Batch(IterableWrapper(range(5)), size=2)) == [[0, 1], [2, 3], [4]]
+    assert run(Batch(IterableWrapper(range(5)), size=2, drop_last=True)) == [[0, 1], [2, 3]]
+    assert run(Batch(IterableWrapper(range(4)), size=2, drop_last=True)) == [[0, 1], [2, 3]]
+    assert run(Batch(IterableWrapper([]), size=3)) == []
+    resumes_from_every_step(lambda: Batch(IterableWrapper(range(7)), size=3))
+    with pytest.raises(ValueError, match="size=0"):
+        Batch(IterableWrapper([]), size=0)
+
+
+def test_collate_of_dicts():
+    samples = [{"x": torch.tensor([1.0, 2.0]), "label": 0, "name": "a"},
+               {"x": torch.tensor([3.0, 4.0]), "label": 1, "name": "b"}]
+    (out,) = run(Collate(IterableWrapper([samples])))
+    assert set(out) == {"x", "label", "name"}
+    assert torch.equal(out["x"], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+    assert torch.equal(out["label"], torch.tensor([0, 1]))
+    assert out["name"] == ["a", "b"]
+
+
+def test_collate_of_uneven_samples_explains():
+    node = Collate(IterableWrapper([[torch.zeros(2), torch.zeros(3)]]), where="node 'c' (collate)")
+    node.reset()
+    with pytest.raises(RuntimeError) as info:
+        next(node)
+    assert info.value.__notes__[0].startswith("in node 'c' (collate): samples of one batch must have "
+                                              "the same shapes")
+
+
+def test_pin_memory_passes_through_on_cpu(monkeypatch):
+    assert PinMemory(IterableWrapper([])).active == torch.cuda.is_available()
+    assert not PinMemory(IterableWrapper([]), enabled=False).active
+    monkeypatch.setattr(pin_memory, "cuda_available", lambda: False)  # a CPU-only machine
+    items = [torch.arange(3), {"x": torch.ones(2)}]
+    node = PinMemory(IterableWrapper(items))
+    assert not node.active
+    out = run(node)
+    assert out[0] is items[0] and out[1] is items[1]
+    assert not PinMemory(IterableWrapper([]), enabled=True).active  # asking cannot make CUDA appear
+    resumes_from_every_step(lambda: PinMemory(IterableWrapper(range(4))))
+
+
+def test_prefetch_yields_everything_in_order_and_resumes(no_new_threads):
+    node = Prefetch(IterableWrapper(range(20)), depth=3)
+    assert run(node) == list(range(20))
+    node.close()
+    resumes_from_every_step(lambda: Prefetch(IterableWrapper(range(9)), depth=2))
+    for bad in (dict(depth=0), dict(snapshot_every=0)):
+        with pytest.raises(ValueError):
+            Prefetch(IterableWrapper([]), **bad)
+
+
+def test_prefetch_close_stops_its_thread_at_once():
+    before = set(threading.enumerate())
+    node = Prefetch(IterableWrapper(range(100)), depth=2)
+    node.reset()
+    next(node)
+    assert len(set(threading.enumerate()) - before) == 1
+    node.close()
+    node.close()
+    assert _leftover(before) == []
+
+
+# ----- mix ---------------------------------------------------------------------------------
+
+def make_mix(stop: str, weights=(1, 1), seed: int = 1, sizes=(5, 20)) -> Mix:
+    a, b = (IterableWrapper(range(k, k + n)) for k, n in zip((0, 100), sizes))
+    return Mix([a, b], weights=list(weights), stop=stop, seed=seed)
+
+
+def test_mix_stop_all_yields_every_item_once():
+    out = run(make_mix("all"))
+    assert sorted(out) == list(range(5)) + list(range(100, 120))
+    assert [x for x in out if x < 100] == list(range(5))  # each input keeps its order
+
+
+def test_mix_stop_first_ends_with_the_first_exhausted_input():
+    node = make_mix("first")
+    out = run(node)
+    assert [x for x in out if x < 100] == list(range(5))
+    assert 0 < len([x for x in out if x >= 100]) < 20
+    assert node.stats() == {"drawn": [5, len(out) - 5]}
+
+
+def test_mix_forever_restarts_inputs_and_holds_the_weights():
+    node = make_mix("forever", weights=(3, 1), sizes=(5, 3))
+    node.reset()
+    out = take(node, 4000)
+    assert len(out) == 4000  # never ends
+    share = sum(1 for x in out if x < 100) / len(out)
+    assert abs(share - 0.75) < 0.03
+    assert out[:50] == run_first(make_mix("forever", weights=(3, 1), sizes=(5, 3)), 50)  # seeded
+    assert out[:50] != run_first(make_mix("forever", weights=(3, 1), sizes=(5, 3), seed=2), 50)
+
+
+def run_first(node: BaseNode, n: int) -> list:
+    node.reset()
+    return take(node, n)
+
+
+def test_mix_weights_zero_never_draws_and_bad_arguments():
+    assert run(Mix([IterableWrapper("ab"), IterableWrapper("xy")], weights=[0, 1])) == ["x", "y"]
+    for kw in (dict(weights=[1]), dict(weights=[0, 0]), dict(weights=[-1, 2]), dict(weights=[1, 1], stop="never")):
+        with pytest.raises(ValueError):
+            Mix([IterableWrapper("ab"), IterableWrapper("xy")], **kw)
+
+
+@pytest.mark.parametrize("stop", ["all", "first"])
+def test_mix_resumes(stop):
+    resumes_from_every_step(lambda: make_mix(stop, weights=(2, 1), sizes=(6, 9)))
+
+
+def test_mix_resumes_across_a_restart():
+    make = lambda: make_mix("forever", weights=(1, 1), sizes=(3, 4))  # noqa: E731
+    full = run_first(make(), 30)
+    for k in (0, 4, 11, 29):
+        node = make()
+        node.reset()
+        take(node, k)
+        again = make()
+        again.reset(node.state_dict())
+        assert full[:k] + take(again, 30 - k) == full
+
+
+# ----- Loader ------------------------------------------------------------------------------
+
+LOADER_SPEC = f"""
+params: {{root: "{NUMBERS}", batch_size: 8, seed: 0, workers: 2}}
+nodes:
+  files:   {{op: list_files, url: "${{root}}/*/*.txt", label: parent_dir, shuffle: true}}
+  shuffle: {{op: shuffle_buffer, size: 16}}
+  parse:   {{op: map, fn: "conveyor.files:read_numbers", workers: "${{workers}}"}}
+  batch:   {{op: batch, size: "${{batch_size}}"}}
+  collate: {{op: collate}}
+  out:     {{op: prefetch, depth: 2}}
+output: out
+"""
+
+
+def _leftover(before: set, wait: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + wait
+    while True:
+        alive = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not alive or time.monotonic() > deadline:
+            return [t.name for t in alive]
+        for t in alive:
+            t.join(timeout=0.05)
+
+
+def indices(loader) -> list[list[int]]:
+    return [b["index"].tolist() for b in loader]
+
+
+@pytest.fixture
+def loader_spec(write_spec) -> Path:
+    return write_spec(LOADER_SPEC)
+
+
+def test_loader_with_closes_every_thread(loader_spec):
+    before = set(threading.enumerate())
+    with conveyor.load_graph(loader_spec) as loader:
+        it = iter(loader)
+        first = next(it)
+        assert first["x"].shape == (8, 4)
+        assert len(set(threading.enumerate()) - before) >= 3  # 2 map threads and the prefetch
+    assert _leftover(before) == []
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(loader)
+    loader.close()  # twice is fine
+
+
+def test_loader_close_twice_mid_epoch_and_state_before_first_next(loader_spec):
+    before = set(threading.enumerate())
+    loader = conveyor.load_graph(loader_spec)
+    state = loader.state_dict()  # before anything was taken
+    assert state["epoch"] == 0 and state["yielded"] == 0 and state["format"] == 1
+    epoch0 = indices(loader)
+    assert len(epoch0) == 5 and sorted(sum(epoch0, [])) == list(range(40))
+    loader.close()
+    loader.close()
+    assert _leftover(before) == []
+    other = conveyor.load_graph(loader_spec)
+    other.load_state_dict(state)
+    assert indices(other) == epoch0
+    assert indices(other) != epoch0  # the next epoch is reshuffled
+    other.close()
+    assert _leftover(before) == []
+
+
+def test_loader_refuses_a_state_from_another_spec(loader_spec, write_spec):
+    with conveyor.load_graph(loader_spec) as loader:
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        expected = [b["index"].tolist() for b in take(it)]
+    with conveyor.load_graph(loader_spec, batch_size=4) as other:
+        with pytest.raises(StateError) as info:
+            other.load_state_dict(state)
+        assert "node 'batch' param 'size': saved 8, now 4" in str(info.value)
+        assert "Pass strict=False" in str(info.value)
+    renamed = write_spec(LOADER_SPEC.replace("collate:", "stack:"), "renamed.yaml")
+    with conveyor.load_graph(renamed) as other:
+        with pytest.raises(StateError, match="node 'collate' is in the saved spec but not in this one"):
+            other.load_state_dict(state)
+    with conveyor.load_graph(loader_spec, workers=1) as same_data:
+        same_data.load_state_dict(state, strict=False)
+        assert indices(same_data) == expected  # workers change speed, not data
+
+
+def test_loader_strict_false_loads_and_logs(loader_spec, caplog):
+    with conveyor.load_graph(loader_spec) as loader:
+        state = loader.state_dict()
+    with conveyor.load_graph(loader_spec, batch_size=4, workers=1) as other:
+        with caplog.at_level(logging.INFO, logger="conveyor.graphs.loader"):
+            other.load_state_dict(state, strict=False)
+        batches = indices(other)
+    assert len(batches) == 10 and sorted(sum(batches, [])) == list(range(40))
+    records = {(r.levelno, r.getMessage()) for r in caplog.records}
+    assert (logging.WARNING, "loading a state across a spec change: node 'batch' param 'size': saved 8, "
+            "now 4 (breaks exactness: the batches will differ)") in records
+    assert (logging.INFO, "loading a state across a spec change: node 'parse' param 'workers': saved 2, "
+            "now 1 (safe: the data stay the same)") in records
+
+
+def test_loader_refuses_what_is_not_a_state(loader_spec):
+    with conveyor.load_graph(loader_spec) as loader:
+        for bad, text in [({}, "not a conveyor loader state"),
+                          ({"format": 99, "graph": {}}, "state format 99 is not supported"),
+                          ({**loader.state_dict(), "world": 2}, "rank 0 of world 2")]:
+            with pytest.raises(StateError, match=text):
+                loader.load_state_dict(bad)
