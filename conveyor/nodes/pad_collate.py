@@ -1,0 +1,242 @@
+"""pad_collate: collate variable-length samples, padding sequences to the batch's longest.
+
+Each input item is a list of samples (from ``batch`` or ``bucket_batch``). Sequence fields
+(1-D tensors, or lists of numbers; tensors of more dims when named in ``fields``, padded
+along their first dim) are padded to the longest in the batch, rounded up to
+``pad_to_multiple_of``, with ``pad_value`` on the ``right`` or ``left``; their dtype is kept
+(lists become ``torch.tensor`` of them: int64 or float32). Every other field is collated
+with torch's ``default_collate``. For each padded field the batch gets its lengths (int64,
+``[B]``) and an attention mask (int64 1 for real tokens, 0 for padding, ``[B, T]``, as
+Hugging Face models expect):
+
+* dict samples, one padded field: ``lengths`` and ``attention_mask``;
+* dict samples, several padded fields: ``<field>_lengths`` and ``<field>_mask`` each;
+* tuple samples: the collated tuple, then ``lengths`` and ``mask`` of each padded field in
+  field order (``fields`` are positions: ``[0]``);
+* bare sequences: ``(padded, lengths, attention_mask)``.
+
+``fields=None`` pads every field whose value in the first sample is a 1-D tensor or a list of
+numbers. The node counts real and padded tokens (``stats()``: ``real_tokens``,
+``padded_tokens``, ``padding_efficiency`` for the epoch and ``efficiency_min``, the worst batch);
+its state is its input's plus those counts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+from functools import reduce
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import default_collate
+from torchdata.nodes import BaseNode
+
+SIDES = ("right", "left")
+_HAS_SIDE = "padding_side" in inspect.signature(pad_sequence).parameters
+
+
+def _is_seq(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 1
+    if isinstance(value, (list, tuple)):
+        return all(isinstance(v, numbers.Number) and not isinstance(v, bool) for v in value)
+    return False
+
+
+def _as_tensor(value: Any, name: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0:
+            raise ValueError(f"field {name!r}: a 0-d tensor cannot be padded")
+        return value
+    if isinstance(value, (list, tuple)):
+        return torch.tensor(value) if value else torch.empty(0, dtype=torch.long)
+    raise ValueError(f"field {name!r}: expected a tensor or a list of numbers to pad, got {type(value).__name__}")
+
+
+def pad_field(values: Sequence[Any], *, name: Any = "?", pad_value: float = 0, side: str = "right",
+              multiple: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pad one field's values to ``[B, T, ...]``; also its lengths ``[B]`` and mask ``[B, T]``.
+
+    Example:
+        >>> padded, lengths, mask = pad_field([[1, 2, 3], [4]], pad_value=0)
+        >>> padded.tolist(), lengths.tolist(), mask.tolist()
+        ([[1, 2, 3], [4, 0, 0]], [3, 1], [[1, 1, 1], [1, 0, 0]])
+    """
+    seqs = [_as_tensor(v, name) for v in values]
+    dtype = reduce(torch.promote_types, (s.dtype for s in seqs if s.numel()), seqs[0].dtype)
+    if any(s.numel() == 0 for s in seqs):  # empty lists default to int64: follow the others
+        seqs = [s.to(dtype) if s.dtype != dtype else s for s in seqs]
+    elif any(s.dtype != dtype for s in seqs):
+        seqs = [s.to(dtype) for s in seqs]
+    lengths = torch.tensor([s.shape[0] for s in seqs], dtype=torch.long)
+    if _HAS_SIDE:
+        padded = pad_sequence(seqs, batch_first=True, padding_value=pad_value, padding_side=side)
+    elif side == "right":
+        padded = pad_sequence(seqs, batch_first=True, padding_value=pad_value)
+    else:
+        padded = pad_sequence([s.flip(0) for s in seqs], batch_first=True, padding_value=pad_value).flip(1)
+    longest = padded.shape[1]
+    if multiple and longest % multiple:
+        extra = multiple - longest % multiple
+        widths = [0, 0] * (padded.dim() - 2) + ([0, extra] if side == "right" else [extra, 0])
+        padded = F.pad(padded, widths, value=pad_value)
+    positions = torch.arange(padded.shape[1])
+    if side == "right":
+        mask = positions.unsqueeze(0) < lengths.unsqueeze(1)
+    else:
+        mask = positions.unsqueeze(0) >= (padded.shape[1] - lengths).unsqueeze(1)
+    return padded, lengths, mask.long()
+
+
+def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
+                pad_value: float | Mapping[Any, float] = 0, side: str = "right",
+                pad_to_multiple_of: int | None = None) -> tuple[Any, int, int]:
+    """Collate ``samples`` with padding; returns ``(batch, real_tokens, padded_tokens)``.
+
+    Example:
+        >>> batch, real, padded = pad_collate([{"ids": [1, 2], "y": 0}, {"ids": [3], "y": 1}])
+        >>> batch["ids"].tolist(), batch["lengths"].tolist(), batch["y"].tolist(), real, padded
+        ([[1, 2], [3, 0]], [2, 1], [0, 1], 3, 4)
+    """
+    if not samples:
+        raise ValueError("pad_collate got an empty batch")
+    first = samples[0]
+
+    def value_for(name: Any) -> float:
+        if isinstance(pad_value, Mapping):
+            return pad_value.get(name, 0)
+        return pad_value
+
+    def pad(name: Any, values: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return pad_field(values, name=name, pad_value=value_for(name), side=side, multiple=pad_to_multiple_of)
+
+    real = padded_tokens = 0
+    if _is_seq(first) or (isinstance(first, torch.Tensor) and fields is None and first.dim() >= 1):
+        p, lengths, mask = pad("sequence", list(samples))
+        return (p, lengths, mask), int(lengths.sum()), int(mask.numel())
+    if isinstance(first, Mapping):
+        names = list(fields) if fields is not None else [k for k, v in first.items() if _is_seq(v)]
+        missing = [n for n in names if n not in first]
+        if missing:
+            raise ValueError(f"fields {missing} are not in the samples (fields: {list(first)})")
+        out: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for key in first:
+            values = [s[key] for s in samples]
+            if key in names:
+                p, lengths, mask = pad(key, values)
+                out[key] = p
+                real += int(lengths.sum())
+                padded_tokens += mask.numel()
+                if len(names) == 1:
+                    extra["lengths"], extra["attention_mask"] = lengths, mask
+                else:
+                    extra[f"{key}_lengths"], extra[f"{key}_mask"] = lengths, mask
+            else:
+                out[key] = default_collate(values)
+        clash = [k for k in extra if k in out]
+        if clash:
+            raise ValueError(f"the samples already have fields {clash}, which pad_collate adds; rename them")
+        out.update(extra)
+        return out, real, padded_tokens
+    if isinstance(first, (tuple, list)):
+        names = list(fields) if fields is not None else [i for i, v in enumerate(first) if _is_seq(v)]
+        bad = [n for n in names if not isinstance(n, int) or not 0 <= n < len(first)]
+        if bad:
+            raise ValueError(f"fields {bad} are not positions of the {len(first)}-tuples")
+        cols: list[Any] = []
+        tail: list[Any] = []
+        for i in range(len(first)):
+            values = [s[i] for s in samples]
+            if i in names:
+                p, lengths, mask = pad(i, values)
+                cols.append(p)
+                tail.extend((lengths, mask))
+                real += int(lengths.sum())
+                padded_tokens += mask.numel()
+            else:
+                cols.append(default_collate(values))
+        return tuple(cols + tail), real, padded_tokens
+    raise ValueError(f"pad_collate expects dicts, tuples or sequences, got {type(first).__name__}")
+
+
+class PadCollate(BaseNode):
+    """Collate each list of samples, padding the sequence fields (see the module docstring).
+
+    Args:
+        source: a stream of lists of samples.
+        fields: names (dicts) or positions (tuples) to pad; ``None``: every 1-D sequence field.
+        pad_value: one value, or a mapping field -> value (absent fields pad with 0).
+        side: ``"right"`` or ``"left"``.
+        pad_to_multiple_of: round the padded length up to a multiple of this.
+        where: text for error notes (the node and spec line).
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> batch = next(PadCollate(IterableWrapper([[{"ids": [1, 2, 3]}, {"ids": [4]}]]), side="left"))
+        >>> batch["ids"].tolist(), batch["attention_mask"].tolist()
+        ([[1, 2, 3], [0, 0, 4]], [[1, 1, 1], [0, 0, 1]])
+    """
+
+    SOURCE_KEY = "source"
+    REAL_KEY = "real"
+    PADDED_KEY = "padded"
+    MIN_KEY = "min"
+
+    def __init__(self, source: BaseNode, *, fields: Sequence[Any] | None = None,
+                 pad_value: float | Mapping[Any, float] = 0, side: str = "right",
+                 pad_to_multiple_of: int | None = None, where: str | None = None):
+        super().__init__()
+        if side not in SIDES:
+            raise ValueError(f"{side=} must be one of {SIDES}")
+        if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of <= 0):
+            raise ValueError(f"{pad_to_multiple_of=} must be a positive int or None")
+        if fields is not None and (isinstance(fields, (str, bytes)) or not len(fields)):
+            raise ValueError(f"{fields=} must be a non-empty list of names or positions, or None")
+        if not isinstance(pad_value, (numbers.Number, Mapping)):
+            raise ValueError(f"{pad_value=} must be a number or a mapping field -> number")
+        self.source = source
+        self.fields = list(fields) if fields is not None else None
+        self.pad_value = pad_value
+        self.side = side
+        self.multiple = pad_to_multiple_of
+        self.where = where or "pad_collate"
+        self.real = self.padded = 0
+        self.worst = 1.0
+
+    def stats(self) -> dict[str, Any]:
+        return {"real_tokens": self.real, "padded_tokens": self.padded,
+                "padding_efficiency": round(self.real / self.padded, 4) if self.padded else 1.0,
+                "efficiency_min": round(self.worst, 4)}
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        if initial_state is None:
+            self.source.reset()
+            self.real = self.padded = 0
+            self.worst = 1.0
+        else:
+            self.source.reset(initial_state[self.SOURCE_KEY])
+            self.real, self.padded = initial_state[self.REAL_KEY], initial_state[self.PADDED_KEY]
+            self.worst = initial_state[self.MIN_KEY]
+
+    def next(self) -> Any:
+        samples = next(self.source)
+        try:
+            batch, real, padded = pad_collate(samples, fields=self.fields, pad_value=self.pad_value,
+                                              side=self.side, pad_to_multiple_of=self.multiple)
+        except Exception as exc:
+            exc.add_note(f"in {self.where}")
+            raise
+        self.real += real
+        self.padded += padded
+        if padded:
+            self.worst = min(self.worst, real / padded)
+        return batch
+
+    def get_state(self) -> dict:
+        return {self.SOURCE_KEY: self.source.state_dict(), self.REAL_KEY: self.real,
+                self.PADDED_KEY: self.padded, self.MIN_KEY: self.worst}

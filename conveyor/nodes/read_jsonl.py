@@ -1,0 +1,210 @@
+"""read_jsonl: stream the records of line files (JSON Lines or plain text), file after file.
+
+The input is a stream of file records from ``list_files`` (``{"path", "label", "index"}``).
+Each file is opened with fsspec (any URL: local, ``file://``, ``s3://``...) and read line by
+line: a JSON object per line (``format="jsonl"``) or one ``{"text": line}`` per line
+(``format="lines"``). Every record gets its provenance: ``file`` (the path), ``line``
+(1-based) and ``index``, a stable sample id made of the file's ``index`` and the line
+(``file_index * 2**32 + line - 1``); a file record's ``label`` other than -1 is added when
+the line has no ``label`` of its own. A line's own ``file``, ``line`` or ``index`` keys are
+replaced.
+
+Bad lines (not UTF-8, not JSON, not an object, no ``field``, an empty or non-string
+``field``) raise ``SampleError`` naming ``file:line`` with ``on_error="raise"``, or are
+skipped and counted in ``stats()["skipped"]`` with ``on_error="skip"`` (the first few are
+logged). Blank lines are bad lines too (an empty text), so a blank line in a ``lines`` file
+needs ``on_error: skip``.
+
+Files ending in ``.gz``, ``.bz2``, ``.zst``... are decompressed on the fly (fsspec's
+``compression="infer"``); offsets then count decompressed bytes.
+
+The state is the input's state before the current file, whether a file is open, and the
+byte offset and line number in it. A restore re-reads that one file record from the input,
+opens the file and seeks to the offset: it never replays the file's earlier lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import fsspec
+from torchdata.nodes import BaseNode
+
+from conveyor.errors import SampleError
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("jsonl", "lines")
+ON_ERROR = ("raise", "skip")
+LINE_BITS = 32
+_LOGGED_SKIPS = 5
+
+
+class ReadJsonl(BaseNode[dict]):
+    """Yield the records of each file named by the input's ``path`` fields, in order.
+
+    Args:
+        source: a stream of file records (``{"path", "index", ...}``), e.g. ``ListFiles``.
+        format: ``"jsonl"`` (a JSON object per line) or ``"lines"`` (plain text lines).
+        field: the text field every record must have, non-empty (``None``: no check; with
+            ``format="lines"`` it names the field the line goes into, default ``"text"``).
+        on_error: ``"raise"`` (``SampleError`` naming file and line) or ``"skip"`` (counted).
+        encoding: the files' text encoding.
+        storage_options: passed to fsspec (endpoint, credentials); never logged.
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "a.jsonl")
+        >>> _ = open(path, "w").write('{"text": "hi"}\\n{"text": "yo"}\\n')
+        >>> [r["text"] for r in ReadJsonl(IterableWrapper([{"path": path, "index": 0}]))]
+        ['hi', 'yo']
+    """
+
+    SOURCE_KEY = "source"
+    OPEN_KEY = "open"
+    OFFSET_KEY = "offset"
+    LINE_KEY = "line"
+    SKIPPED_KEY = "skipped"
+    FILES_KEY = "files"
+
+    def __init__(self, source: BaseNode, *, format: str = "jsonl", field: str | None = "text",
+                 on_error: str = "raise", encoding: str = "utf-8",
+                 storage_options: dict[str, Any] | None = None):
+        super().__init__()
+        if format not in FORMATS:
+            raise ValueError(f"{format=} must be one of {FORMATS}")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"{on_error=} must be one of {ON_ERROR}")
+        if field is not None and (not isinstance(field, str) or not field):
+            raise ValueError(f"{field=} must be a non-empty string or None")
+        self.source = source
+        self.format = format
+        self.field = field
+        self.on_error = on_error
+        self.encoding = encoding
+        self.storage_options = storage_options
+        self.skipped = 0
+        self.files = 0
+        self._file_state: dict | None = None  # input state before the open file's record
+        self._file: dict | None = None         # the open file's record
+        self._fh: Any = None
+        self._offset = 0
+        self._line = 0
+
+    # ----- stats and closing --------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        return {"files": self.files, "skipped": self.skipped}
+
+    def close(self) -> None:
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            finally:
+                self._fh = None
+
+    # ----- iteration ----------------------------------------------------------------------
+    def _open(self, record: dict, offset: int, *, count: bool = True) -> None:
+        path = record.get("path") if isinstance(record, dict) else None
+        if not isinstance(path, str):
+            raise SampleError(f"read_jsonl expects file records with a 'path' (from list_files), got {record!r}")
+        try:
+            self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
+            if offset:
+                self._fh.seek(offset)
+        except OSError as exc:
+            self.close()
+            raise SampleError(f"read_jsonl: cannot open {path}: {exc.strerror or exc}") from exc
+        self._file = record
+        self._offset = offset
+        self.files += count
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.close()
+        self._file = None
+        if initial_state is None:
+            self.source.reset()
+            self._file_state = self.source.state_dict()
+            self._offset = self._line = 0
+            self.skipped = self.files = 0
+            return
+        self._file_state = initial_state[self.SOURCE_KEY]
+        self.source.reset(self._file_state)
+        self.skipped = initial_state[self.SKIPPED_KEY]
+        self.files = initial_state[self.FILES_KEY]
+        self._line = initial_state[self.LINE_KEY]
+        self._offset = 0
+        if initial_state[self.OPEN_KEY]:
+            self._open(next(self.source), initial_state[self.OFFSET_KEY], count=False)
+
+    def next(self) -> dict:
+        while True:
+            if self._fh is None:
+                self._open(next(self.source), 0)  # StopIteration ends the stream
+                self._line = 0
+            raw = self._fh.readline()
+            if not raw:
+                self.close()
+                self._file = None
+                self._file_state = self.source.state_dict()  # after this file's record
+                continue
+            self._offset += len(raw)
+            self._line += 1
+            record = self._parse(raw)
+            if record is not None:
+                return record
+
+    def _bad(self, why: str) -> None:
+        where = f"{self._file['path']}:{self._line}"  # type: ignore[index]
+        if self.on_error == "raise":
+            raise SampleError(f"{where}: {why} (set on_error: skip to count and skip bad lines)")
+        self.skipped += 1
+        if self.skipped <= _LOGGED_SKIPS:
+            log.warning("read_jsonl: skipped %s: %s%s", where, why,
+                        "; further skips are only counted" if self.skipped == _LOGGED_SKIPS else "")
+
+    def _parse(self, raw: bytes) -> dict | None:
+        try:
+            text = raw.decode(self.encoding)
+        except UnicodeDecodeError as exc:
+            self._bad(f"not {self.encoding} text ({exc.reason} at byte {exc.start})")
+            return None
+        text = text.rstrip("\r\n")
+        if self.format == "lines":
+            record: Any = {self.field or "text": text}
+        else:
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as exc:
+                self._bad(f"not JSON ({exc.msg} at column {exc.colno})" if text.strip() else "blank line")
+                return None
+            if not isinstance(record, dict):
+                self._bad(f"expected a JSON object, got {type(record).__name__}")
+                return None
+        if self.field is not None:
+            value = record.get(self.field)
+            if value is None:
+                self._bad(f"no field {self.field!r}")
+                return None
+            if not isinstance(value, str):
+                self._bad(f"field {self.field!r} is {type(value).__name__}, expected a string")
+                return None
+            if not value.strip():
+                self._bad(f"field {self.field!r} is empty")
+                return None
+        file = self._file  # type: ignore[assignment]
+        record["file"] = file["path"]
+        record["line"] = self._line
+        record["index"] = (int(file.get("index", 0)) << LINE_BITS) + self._line - 1
+        label = file.get("label", -1)
+        if label != -1 and "label" not in record:
+            record["label"] = label
+        return record
+
+    def get_state(self) -> dict:
+        return {self.SOURCE_KEY: self._file_state, self.OPEN_KEY: self._fh is not None,
+                self.OFFSET_KEY: self._offset, self.LINE_KEY: self._line, self.SKIPPED_KEY: self.skipped,
+                self.FILES_KEY: self.files}

@@ -1,0 +1,296 @@
+"""Tests for bucket_batch: nothing lost or duplicated, budgets held, buckets respected, and an
+exact resume from every step of two epochs with a state that holds no items."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torchdata.nodes import BaseNode
+
+from conveyor.errors import SampleError
+from conveyor.nodes._rng import derive_seed
+from conveyor.nodes.bucket_batch import BucketBatch, auto_boundaries
+
+
+class Items(BaseNode):
+    """A list of ``{"input_ids", "index"}`` items, permuted per epoch; state: a position."""
+
+    POS_KEY = "pos"
+
+    def __init__(self, lengths: list[int], *, seed: int = 0):
+        super().__init__()
+        self.lengths = lengths
+        self.seed = seed
+        self.epoch = 0
+        self.pos = 0
+        self.order: list[int] = []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.order = list(range(len(self.lengths)))
+        random.Random(derive_seed(self.seed, self.epoch)).shuffle(self.order)
+        self.pos = 0 if initial_state is None else initial_state[self.POS_KEY]
+
+    def next(self) -> dict:
+        if self.pos >= len(self.order):
+            raise StopIteration
+        i = self.order[self.pos]
+        self.pos += 1
+        return {"input_ids": [7] * self.lengths[i], "index": i}
+
+    def get_state(self) -> dict:
+        return {self.POS_KEY: self.pos}
+
+
+def _make(lengths: list[int], **kw: Any) -> tuple[BucketBatch, Items]:
+    src = Items(lengths)
+    return BucketBatch(src, length="input_ids", **kw), src
+
+
+def _epoch(node: BucketBatch, src: Items, epoch: int, state: dict | None = None) -> list[list[dict]]:
+    src.set_epoch(epoch)
+    node.set_epoch(epoch)
+    node.reset(state)
+    return list(node)
+
+
+def _ids(batches: list[list[dict]]) -> list[list[tuple[int, int]]]:
+    return [[(x["index"], len(x["input_ids"])) for x in b] for b in batches]
+
+
+def _padded(n: int, m: int | None) -> int:
+    return -(-n // m) * m if m else n
+
+
+def _bucket(n: int, bounds: list[int]) -> int:
+    return next((i for i, b in enumerate(bounds) if n <= b), len(bounds))
+
+
+# ----- properties -------------------------------------------------------------------------
+
+lengths_st = st.lists(st.integers(0, 300), min_size=0, max_size=250)
+
+
+@st.composite
+def configs(draw: Any) -> tuple[list[int], dict[str, Any]]:
+    lengths = draw(lengths_st)
+    bounds = sorted(draw(st.sets(st.integers(1, 320), min_size=1, max_size=6)))
+    overflow = draw(st.sampled_from(["own_bucket", "skip", "truncate"]))
+    multiple = draw(st.sampled_from([None, 1, 8]))
+    kw: dict[str, Any] = {"boundaries": bounds, "overflow": overflow, "pool": draw(st.integers(1, 4)),
+                          "pad_to_multiple_of": multiple, "seed": draw(st.integers(0, 3)),
+                          "shuffle": draw(st.booleans())}
+    if draw(st.booleans()):
+        kw["max_tokens"] = draw(st.integers(_padded(bounds[-1], multiple), 1200))
+    else:
+        kw["batch_sizes"] = draw(st.lists(st.integers(1, 9), min_size=len(bounds) + (overflow == "own_bucket"),
+                                          max_size=len(bounds) + (overflow == "own_bucket")))
+    if draw(st.booleans()):
+        kw["max_pending"] = draw(st.integers(1, 60))
+    return lengths, kw
+
+
+@settings(max_examples=120, deadline=None)
+@given(configs())
+def test_every_item_once_in_its_bucket_within_budget(config):
+    lengths, kw = config
+    node, src = _make(lengths, **kw)
+    bounds, m = kw["boundaries"], kw["pad_to_multiple_of"]
+    for epoch in range(2):
+        batches = _epoch(node, src, epoch)
+        seen = [x["index"] for b in batches for x in b]
+        assert len(seen) == len(set(seen)), "an item came twice"
+        over = {i for i, n in enumerate(lengths) if n > bounds[-1]}
+        expected = set(range(len(lengths))) - (over if kw["overflow"] == "skip" else set())
+        assert set(seen) == expected
+        assert node.stats()["overflow"] == len(over)
+        for b in batches:
+            assert b, "an empty batch"
+            lens = [len(x["input_ids"]) for x in b]
+            if kw["overflow"] == "truncate":
+                assert max(lens) <= bounds[-1]
+            buckets = {_bucket(n, bounds) for n in lens}
+            assert len(buckets) == 1, f"batch spans buckets {buckets}: {lens}"
+            if "max_tokens" in kw:
+                assert len(b) == 1 or len(b) * max(_padded(max(lens), m), 1) <= kw["max_tokens"]
+            else:
+                assert len(b) <= kw["batch_sizes"][buckets.pop()]
+        st_ = node.stats()
+        assert sum(st_["batches_per_bucket"]) == len(batches)
+        real = sum(len(x["input_ids"]) for b in batches for x in b)
+        assert st_["real_tokens"] == real
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs())
+def test_drop_remainder_counts_what_it_drops(config):
+    lengths, kw = config
+    kw["overflow"] = "own_bucket" if kw["overflow"] == "skip" else kw["overflow"]
+    if "batch_sizes" in kw:
+        kw["batch_sizes"] = (kw["batch_sizes"] + [2])[: len(kw["boundaries"]) + (kw["overflow"] == "own_bucket")]
+    node, src = _make(lengths, drop_remainder=True, **kw)
+    batches = _epoch(node, src, 0)
+    seen = [x["index"] for b in batches for x in b]
+    assert len(seen) == len(set(seen))
+    assert len(seen) + node.stats()["dropped"] == len(lengths)
+    if "batch_sizes" in kw and not kw.get("max_pending"):
+        for b in batches:  # only forced flushes may leave a batch short
+            assert len(b) == kw["batch_sizes"][_bucket(len(b[0]["input_ids"]), kw["boundaries"])]
+
+
+def _check_resume(lengths: list[int], kw: dict[str, Any], epochs: int = 2) -> None:
+    node, src = _make(lengths, **kw)
+    full: list[tuple[int, list]] = []  # (epoch, batch ids)
+    states: list[dict] = []
+    for epoch in range(epochs):
+        src.set_epoch(epoch)
+        node.set_epoch(epoch)
+        node.reset()
+        states.append(json.loads(json.dumps(node.state_dict())))  # before the first batch
+        for batch in node:
+            full.append((epoch, _ids([batch])[0]))
+            states.append(json.loads(json.dumps(node.state_dict())))
+        states.pop()  # after the last batch: the loader starts the next epoch instead
+    # states come per epoch: before its first batch, then after each batch but the last
+    k = 0
+    for epoch in range(epochs):
+        n_epoch = sum(1 for e, _ in full if e == epoch)
+        for j in range(n_epoch):
+            state = states[k]
+            k += 1
+            fresh, fsrc = _make(lengths, **kw)
+            rest = _ids(_epoch(fresh, fsrc, epoch, state))
+            for later in range(epoch + 1, epochs):
+                rest += _ids(_epoch(fresh, fsrc, later))
+            before = sum(1 for e, _ in full if e < epoch) + j
+            assert rest == [b for _, b in full[before:]], f"resume at epoch {epoch} step {j} differs"
+            assert "input_ids" not in json.dumps(state)
+
+
+@settings(max_examples=40, deadline=None)
+@given(configs())
+def test_resume_from_every_step_of_two_epochs(config):
+    lengths, kw = config
+    _check_resume(lengths[:80], kw)
+
+
+def test_resume_with_forced_flushes_and_auto_boundaries():
+    rng = random.Random(5)
+    lengths = [int(rng.paretovariate(1.2) * 10) for _ in range(300)]
+    _check_resume(lengths, {"boundaries": [8, 16, 32, 64], "max_tokens": 256, "pool": 3,
+                            "overflow": "own_bucket", "max_pending": 40, "pad_to_multiple_of": 8})
+    _check_resume(lengths, {"boundaries": "auto", "max_tokens": 2048, "auto_buckets": 5, "auto_sample": 50})
+
+
+def test_state_is_small_and_same_shape_every_step():
+    lengths = [(i * 37) % 200 for i in range(500)]
+    node, src = _make(lengths, boundaries=[50, 100, 150, 200], max_tokens=1000, max_pending=100)
+    node.reset()
+    shapes = set()
+    for _ in node:
+        s = node.state_dict()
+        shapes.add(json.dumps({k: type(v).__name__ if not isinstance(v, list) else len(v) for k, v in s.items()}))
+        assert len(json.dumps(s)) < 600
+        assert s["replay"] <= 100 + 200 + 1000  # max_pending + one pool of the largest bucket
+    assert len(shapes) == 1
+
+
+# ----- examples and errors ----------------------------------------------------------------
+
+
+def test_sorted_pools_pad_little():
+    rng = random.Random(0)
+    lengths = [min(int(rng.lognormvariate(4, 1)), 1000) for _ in range(3000)]
+    eff = {}
+    for pool in (1, 8):
+        node, src = _make(lengths, boundaries=[64, 128, 256, 512, 1024], max_tokens=4096, pool=pool)
+        _epoch(node, src, 0)
+        eff[pool] = node.stats()["padding_efficiency"]
+    assert eff[8] > 0.93 and eff[8] > eff[1] + 0.1  # fixed buckets alone (pool 1) waste ~20 %
+
+
+def test_overflow_raise_names_the_item():
+    src = Items([3, 50])
+    node = BucketBatch(src, length=lambda x: len(x["input_ids"]), boundaries=[10], batch_sizes=[4])
+    node.reset()
+    with pytest.raises(SampleError, match=r"item 1 has length 50, over the last boundary 10"):
+        list(node)
+
+
+def test_oversize_item_is_a_batch_of_one():
+    node, src = _make([5, 400, 6], boundaries=[10], max_tokens=100, overflow="own_bucket", shuffle=False)
+    batches = _epoch(node, src, 0)
+    assert sorted(len(b) for b in batches) == [1, 2]
+    assert node.stats()["oversize"] == 1
+
+
+def test_auto_boundaries_are_quantiles_and_kept_in_state():
+    assert auto_boundaries([5] * 10, 4) == [5]
+    assert auto_boundaries(list(range(1, 101)), 4, 8) == [32, 56, 80, 104]
+    node, src = _make(list(range(1, 200)), boundaries="auto", max_tokens=4096, auto_buckets=4, auto_sample=99)
+    _epoch(node, src, 0)
+    bounds = node.stats()["boundaries"]
+    assert len(bounds) == 4 and node.state_dict()["boundaries"] == bounds
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"boundaries": [4, 4], "max_tokens": 10}, "increasing"),
+    ({"boundaries": [4], "max_tokens": 10, "batch_sizes": [1]}, "exactly one"),
+    ({"boundaries": [4], "batch_sizes": [1, 2]}, "must be 1 positive ints"),
+    ({"boundaries": "auto", "batch_sizes": [1]}, "needs max_tokens"),
+    ({"boundaries": [4], "max_tokens": 10, "overflow": "wrap"}, "overflow='wrap'"),
+    ({"boundaries": [4], "max_tokens": 10, "pool": 0}, "pool=0"),
+])
+def test_bad_arguments(kw, message):
+    with pytest.raises(ValueError, match=message):
+        BucketBatch(Items([1]), **kw)
+
+
+def test_length_fn_and_truncate_rule():
+    with pytest.raises(ValueError, match="truncate"):
+        BucketBatch(Items([1]), length=len, boundaries=[4], max_tokens=10, overflow="truncate")
+
+
+# ----- the op in a spec: cross-param rules are spec errors, found before anything runs ------
+
+SPEC_HEAD = """\
+nodes:
+  files: {op: list_files, url: "examples/data/text-sample/*.jsonl"}
+  read: {op: read_jsonl}
+  tok: {op: map, fn: "conveyor.text:byte_tokenize"}
+"""
+
+
+@pytest.mark.parametrize("body, param, message", [
+    ("{op: bucket_batch, boundaries: [8, 16], max_tokens: 64, batch_sizes: [2, 2]}", "batch_sizes",
+     "exactly one of batch_sizes"),
+    ("{op: bucket_batch, boundaries: [8, 16]}", "max_tokens", "exactly one of batch_sizes"),
+    ("{op: bucket_batch, boundaries: [8, 16], batch_sizes: [2]}", "batch_sizes", "expected 2 sizes"),
+    ("{op: bucket_batch, boundaries: [8, 16], batch_sizes: [2, 2], overflow: own_bucket}", "batch_sizes",
+     "expected 3 sizes"),
+    ("{op: bucket_batch, boundaries: [16, 8], max_tokens: 64}", "boundaries", "increasing"),
+    ("{op: bucket_batch, boundaries: automatic, max_tokens: 64}", "boundaries", "or 'auto'"),
+    ("{op: bucket_batch, boundaries: auto, batch_sizes: [4]}", "batch_sizes", "use max_tokens"),
+    ("{op: bucket_batch, boundaries: [8, 100], max_tokens: 64}", "max_tokens", "over the budget"),
+    ("{op: bucket_batch, boundaries: [8], max_tokens: 64, overflow: wrap}", "overflow", "one of raise|skip"),
+    ("{op: bucket_batch, boundaries: [8], max_tokens: 64, length: input_ids, length_fn: 'builtins:len'}",
+     "length_fn", "not both"),
+    ("{op: bucket_batch, boundaries: [8], max_tokens: 64, pool: 0}", "pool", "positive int"),
+])
+def test_spec_errors_name_the_param(write_spec, body, param, message):
+    from conveyor import SpecErrors, check_spec
+
+    path = write_spec(SPEC_HEAD + f"  batch: {body}\n")
+    with pytest.raises(SpecErrors) as info:
+        check_spec(path)
+    errors = [e for e in info.value.errors if e.node == "batch"]
+    assert errors and errors[0].param == param and message in errors[0].message, info.value
+    assert errors[0].line == 5
