@@ -1,0 +1,85 @@
+"""Graph-level worker copies on GIL-bound per-item work: 1 process vs 2 worker processes vs
+2 worker threads, on the bundled text sample with a pure-Python tokenizer.
+
+    python benchmarks/workers_throughput.py            # ~2 minutes on 2 cores
+
+Each configuration: one warm-up epoch (worker start-up is reported separately), then the
+records/s of ``--epochs`` epochs; configurations alternate, ``--rounds`` times, medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # worker processes import gil_tokenizer from here too
+
+from conveyor import load_graph  # noqa: E402
+
+ROOT = HERE.parent
+SPEC = """
+params: {{root: "{root}"}}
+{workers}
+nodes:
+  files:    {{op: list_files, url: "${{root}}/*.jsonl"}}
+  shard:    {{op: shard, by: [rank, worker]}}
+  read:     {{op: read_jsonl, field: text}}
+  tokenize: {{op: map, fn: "gil_tokenizer:wordpiece"}}
+  batch:    {{op: batch, size: 32}}
+  collate:  {{op: pad_collate, fields: [input_ids]}}
+"""
+CONFIGS = {
+    "1 process (inline)": "",
+    "2 worker threads": "workers: {copies: 2, method: thread}",
+    "2 worker processes": "workers: {copies: 2, method: process}",
+}
+
+
+def measure(spec: Path, epochs: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    with load_graph(spec) as loader:
+        first = None
+        for _ in loader:  # warm-up epoch (includes worker start-up)
+            if first is None:
+                first = time.perf_counter() - t0
+        n = 0
+        t = time.perf_counter()
+        for _ in range(epochs):
+            for batch in loader:
+                n += len(batch["index"])
+        return n / (time.perf_counter() - t), first or 0.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=1)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        specs = {}
+        for name, workers in CONFIGS.items():
+            path = Path(tmp, f"{len(specs)}.yaml")
+            path.write_text(SPEC.format(root=ROOT / "examples/data/text-sample", workers=workers))
+            specs[name] = path
+        rates: dict[str, list[float]] = {n: [] for n in CONFIGS}
+        firsts: dict[str, list[float]] = {n: [] for n in CONFIGS}
+        for _ in range(args.rounds):
+            for name, path in specs.items():
+                rate, first = measure(path, args.epochs)
+                rates[name].append(rate)
+                firsts[name].append(first)
+    base = statistics.median(rates["1 process (inline)"])
+    print(f"| configuration | records/s (median of {args.rounds}) | × 1 process | first batch after start |")
+    print("|---|---|---|---|")
+    for name in CONFIGS:
+        med = statistics.median(rates[name])
+        print(f"| {name} | {med:,.0f} | {med / base:.2f} | {statistics.median(firsts[name]):.2f} s |")
+
+
+if __name__ == "__main__":
+    main()
