@@ -4,11 +4,17 @@ torchdata 0.11 keeps the running iterator of ``ParallelMapper``, ``Prefetcher`` 
 ``PinMemory`` a few attributes deep and stops its threads only from ``__del__``. A dropped
 loader whose iterator is still referenced keeps its threads alive, and at interpreter exit
 that can abort the process. ``shutdown_torchdata`` reaches the iterator and stops it now.
+
+Exceptions raised in those threads come back re-created from their text ("Caught X in
+_populate_queue. Original Traceback ..."); ``CarryErrors`` sends them through the queue as
+values instead, so the consumer re-raises the original exception with its notes.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from torchdata.nodes import BaseNode
 
 
 def shutdown_torchdata(node: Any) -> None:
@@ -23,3 +29,46 @@ def shutdown_torchdata(node: Any) -> None:
             return
         it = getattr(it, "_it", None)
         seen += 1
+
+
+class Raised:
+    """An exception carried as a value through torchdata's queues, so that the consumer can
+    re-raise the original object (torchdata would re-create it from its text)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class CarryErrors(BaseNode):
+    """Pass-through that turns an exception of its input into a ``Raised`` value and then ends;
+    its state is its input's state."""
+
+    def __init__(self, source: BaseNode):
+        super().__init__()
+        self.source = source
+        self._failed = False
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self._failed = False
+        self.source.reset(initial_state)
+
+    def next(self):
+        if self._failed:
+            raise StopIteration
+        try:
+            return next(self.source)
+        except StopIteration:
+            raise
+        except Exception as exc:  # carried to the consumer, raised there as itself
+            self._failed = True
+            return Raised(exc)
+
+    def get_state(self) -> dict:
+        return self.source.state_dict()
+
+    def count(self) -> int | None:
+        count = getattr(self.source, "count", None)
+        return count() if callable(count) else None

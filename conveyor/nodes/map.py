@@ -26,7 +26,7 @@ from typing import Any, Callable
 from torchdata.nodes import BaseNode, ParallelMapper
 
 from conveyor.nodes._rng import derive_seed
-from conveyor.nodes._threads import shutdown_torchdata
+from conveyor.nodes._threads import CarryErrors, Raised, shutdown_torchdata
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,8 @@ class _Call:
 
     def __call__(self, pair: tuple[int, Any]) -> Any:
         pos, item = pair
+        if isinstance(item, Raised):
+            return item  # an error upstream, not in fn: re-raised by Map.next as it is
         try:
             if self.wants_rng:
                 return self.fn(item, rng=random.Random(self.sample_seed(pos, item)), **self.args)
@@ -145,7 +147,7 @@ class Map(BaseNode):
             raise ValueError(f"{method=} must be one of {METHODS}")
         if on_error not in ON_ERROR:
             raise ValueError(f"{on_error=} must be one of {ON_ERROR}")
-        self.source = _Enumerate(source)
+        self.source = _Enumerate(CarryErrors(source))
         self.call = _Call(fn, args or {}, seed, rank)
         self.workers = workers
         self.method = method
@@ -198,6 +200,8 @@ class Map(BaseNode):
     def next(self):
         while True:
             out = next(self._pm) if self._pm is not None else self.call(next(self.source))
+            if isinstance(out, Raised):
+                raise out.exc
             if not isinstance(out, _Failed):
                 return out
             self._fail(out)

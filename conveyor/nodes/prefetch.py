@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torchdata.nodes import BaseNode, Prefetcher
 
-from conveyor.nodes._threads import shutdown_torchdata
+from conveyor.nodes._threads import CarryErrors, Raised, shutdown_torchdata
 
 
 class Prefetch(BaseNode):
@@ -50,12 +50,15 @@ class Prefetch(BaseNode):
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self.close()
-        self._pf = Prefetcher(self.source, prefetch_factor=self.depth,
+        self._pf = Prefetcher(CarryErrors(self.source), prefetch_factor=self.depth,
                               snapshot_frequency=self.snapshot_every)
         self._pf.reset(None if initial_state is None else initial_state[self.IT_KEY])
 
     def next(self):
-        return next(self._pf)  # type: ignore[arg-type]
+        item = next(self._pf)  # type: ignore[arg-type]
+        if isinstance(item, Raised):
+            raise item.exc
+        return item
 
     def get_state(self) -> dict:
         return {self.IT_KEY: self._pf.state_dict()}  # type: ignore[union-attr]
