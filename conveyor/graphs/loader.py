@@ -207,6 +207,10 @@ class Loader:
                              "(each copy's position is part of it)")
         if state.get("digest") != self._digest:
             self._compare(state.get("spec") or {}, strict)
+        if not self._c.plan.resumable:
+            log.warning("%s declares resumable: false: this state restores the position of every "
+                        "node, but the batches after it will not be exactly the uninterrupted run's",
+                        self._c.plan.path)
         self._pending = state
         self._peeked, self._peek_state = [], None
 
