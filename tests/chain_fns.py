@@ -7,3 +7,10 @@ def keep_two_of_three(item) -> bool:
     """Drop every item whose index is a multiple of 3 (items without an index are kept)."""
     index = item.get("index") if isinstance(item, dict) else None
     return not isinstance(index, int) or index % 3 != 0
+
+
+def tag(item, *, rng) -> dict:
+    """A copy of a dict item with one random field from the map's per-sample rng."""
+    out = dict(item) if isinstance(item, dict) else {"value": item}
+    out[f"r{len(out)}"] = rng.random()
+    return out

@@ -65,6 +65,34 @@ def _text_chain() -> BaseNode:
     return PadCollate(bb, fields=["input_ids"])
 
 
+_SHARDS: list[str] = []
+
+
+def _shards() -> str:
+    """The number files packed as small tar shards, once per session (about 3 samples each)."""
+    if not _SHARDS:
+        import tempfile
+
+        from conveyor.pack import pack
+
+        out = tempfile.mkdtemp(prefix="contract-shards-")
+        pack(str(ROOT / "examples/data/numbers"), out, shard_size="8kB")
+        _SHARDS.append(out)
+    return _SHARDS[0] + "/*.tar"
+
+
+def _read_tar(**kw: Any) -> BaseNode:
+    from conveyor.nodes.read_tar import ReadTar
+
+    return ReadTar(ListFiles(url=_shards(), shuffle=True), **kw)
+
+
+def _fetch(**kw: Any) -> BaseNode:
+    from conveyor.nodes.fetch import Fetch
+
+    return Fetch(ShuffleBuffer(_files(), size=5), **kw)
+
+
 # name -> factory building a fresh chain (each call must build new nodes)
 CHAINS: dict[str, Callable[[], BaseNode]] = {
     "list_files": lambda: _files(shuffle=True),
@@ -84,6 +112,10 @@ CHAINS: dict[str, Callable[[], BaseNode]] = {
     "to_device_cpu": lambda: ToDevice(Batch(_files(), size=4), device="cpu"),
     "worker_copies_threads": lambda: WorkerCopies(_copy, copies=2, method="thread"),
     "text_chain": _text_chain,
+    "fetch": lambda: _fetch(concurrency=4),
+    "fetch_then_map_threads": lambda: Map(_fetch(concurrency=3), fn=read_numbers, workers=2),
+    "read_tar": lambda: _read_tar(),
+    "read_tar_then_shuffle": lambda: ShuffleBuffer(_read_tar(), size=4),
 }
 
 

@@ -26,6 +26,7 @@ OVERRIDES = {
     "numbers.yaml": {"batch_size": 3},
     "imagenet.yaml": {"batch_size": 16, "image_size": 32},
     "imagenet-eval.yaml": {"batch_size": 16, "image_size": 32, "resize": 40},
+    "imagenet-shards.yaml": {"batch_size": 16, "image_size": 32, "shuffle_window": 8},
 }
 # Specs with many steps are checked on a sample of steps (always the first, the epoch
 # boundaries and the very end are among them).
@@ -41,9 +42,21 @@ def _steps(n_states: int, epoch_len: int) -> list[int]:
     return sorted(k for k in keep if 0 <= k < n_states)
 
 
+@pytest.fixture(scope="session")
+def packed_sample(tmp_path_factory) -> Path:
+    """The bundled train sample as tar shards of ~1 MB (6 shards), for imagenet-shards.yaml."""
+    from conveyor.pack import pack
+
+    out = tmp_path_factory.mktemp("shards") / "train"
+    pack(str(ROOT / "examples/data/imagenet-sample/train"), str(out), shard_size="1MB")
+    return out
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=[p.name for p in SPECS])
-def test_every_spec_resumes_exactly(spec: Path) -> None:
-    overrides = OVERRIDES.get(spec.name, {})
+def test_every_spec_resumes_exactly(spec: Path, packed_sample: Path) -> None:
+    overrides = dict(OVERRIDES.get(spec.name, {}))
+    if spec.name == "imagenet-shards.yaml":
+        overrides["root"] = str(packed_sample)
 
     def make():
         return load_graph(spec, **overrides)
@@ -131,7 +144,7 @@ def test_state_from_other_graph_or_rank_is_refused(monkeypatch) -> None:
 _OPS = {
     "shard": lambda d: f"{{op: shard, rank: {d.draw(st.integers(0, 1))}, world: 2}}",
     "shuffle": lambda d: f"{{op: shuffle_buffer, size: {d.draw(st.integers(1, 12))}}}",
-    "map": lambda d: (f"{{op: map, fn: 'conveyor.files:read_numbers', "
+    "map": lambda d: (f"{{op: map, fn: 'chain_fns:tag', "
                       f"workers: {d.draw(st.integers(0, 2))}}}"),
     "filter": lambda d: "{op: filter, fn: 'chain_fns:keep_two_of_three'}",
     "prefetch": lambda d: f"{{op: prefetch, depth: {d.draw(st.integers(1, 3))}}}",

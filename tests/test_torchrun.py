@@ -4,6 +4,7 @@ resumed from per-rank checkpoints, and torch.distributed.checkpoint."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -98,8 +99,7 @@ def test_killed_job_resumes_every_rank_exactly(tmp_path: Path) -> None:
         proc.wait(timeout=30)
     out = _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ck"), "--log-samples", str(tmp_path / "logs2"),
                          *common))
-    resumed_at = {int(line.split("resumed at step ")[1]) for line in out.stdout.splitlines()
-                  if "resumed at step" in line}
+    resumed_at = {int(m) for m in re.findall(r"resumed at step (\d+)", out.stdout)}
     assert len(resumed_at) == 1, out.stdout
     step = resumed_at.pop()
     first, second = _logs(tmp_path / "logs1", nproc), _logs(tmp_path / "logs2", nproc)
@@ -124,8 +124,7 @@ def test_distributed_checkpoint_round_trip(tmp_path: Path) -> None:
                    str(tmp_path / "logs1"), *args))
     out = _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ck"), "--epochs", "2", "--log-samples",
                          str(tmp_path / "logs2"), *args))
-    steps = {int(line.split("resumed at step ")[1]) for line in out.stdout.splitlines()
-             if "resumed at step" in line}
+    steps = {int(m) for m in re.findall(r"resumed at step (\d+)", out.stdout)}
     assert len(steps) == 1 and out.stdout.count("resumed at step") == nproc, out.stdout
     step = steps.pop()
     reference = _logs(tmp_path / "ref_logs", nproc)

@@ -25,6 +25,7 @@ from conveyor.graphs.params import apply_overrides, did_you_mean, interpolate
 from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, op_names, resolve_fn
 from conveyor.graphs.yaml_loader import Located
 
+SECRET_PARAMS = ("storage_options",)  # never shown; compile.py keeps them out of states too
 TOP_KEYS = ("params", "nodes", "output", "resumable", "workers", "description")
 NODE_KEYS = ("op", "input")
 SHUFFLE_AFTER_HEAVY_LIMIT = 64  # a shuffle window bigger than this after a decode is refused
@@ -106,7 +107,8 @@ def _check_params(op: OpSpec, name: str, body: dict[str, Any], params: Mapping[s
         try:
             typed = coerce(hints[key], value)
         except TypeError as expected:
-            errs.add(f"expected {expected.args[0]}, got {_type_name(value)} {value!r}",
+            shown = "(value hidden: it may hold secrets)" if key in SECRET_PARAMS else repr(value)
+            errs.add(f"expected {expected.args[0]}, got {_type_name(value)} {shown}",
                      at_node + (key,), node=name, op=op.name, param=key)
             ok = False
             continue

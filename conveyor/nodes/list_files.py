@@ -14,11 +14,11 @@ import logging
 import random
 from typing import Any
 
-import fsspec
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SourceError
 from conveyor.nodes._rng import derive_seed
+from conveyor.storage import Storage, protocol_of
 
 log = logging.getLogger(__name__)
 
@@ -26,19 +26,18 @@ LABEL_CHOICES = (None, "parent_dir")
 
 
 def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[str]]:
-    fs, _, _ = fsspec.get_fs_token_paths(url, storage_options=storage_options or {})
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    path = fs._strip_protocol(url)
+    """The sorted matches of ``url`` (a folder: every file below it), listed through
+    ``conveyor.storage``: transient errors are retried, a folder that fails to list is an
+    error (fsspec's glob silently leaves it out), a missing bucket or an empty match is a
+    ``SourceError`` naming the URL."""
+    storage = Storage(storage_options=storage_options)
     try:
-        if not any(c in url for c in "*?[") and fs.isdir(path):
-            matches = fs.find(path)  # a folder: every file below it
-        else:
-            matches = [m for m in fs.glob(path) if not fs.isdir(m)]
-    except FileNotFoundError:
-        matches = []
-    if protocol in ("file", "local"):
-        return protocol, sorted(matches)
-    return protocol, sorted(f"{protocol}://{m}" for m in matches)
+        pattern = url
+        if not any(c in url for c in "*?[") and storage.call(url, "isdir"):
+            pattern = url.rstrip("/") + "/**"  # a folder: every file below it
+        return protocol_of(url), storage.glob(pattern)
+    finally:
+        storage.close()
 
 
 class ListFiles(BaseNode[dict]):

@@ -1,0 +1,97 @@
+"""The object-storage ops as the compiler sees them: ``fetch`` and ``read_tar``.
+
+Both read through ``conveyor.storage``: any fsspec URL, S3 through s3fs, one retry policy
+(``attempts``, ``timeout`` per request, ``backoff`` doubling up to ``backoff_max``), counts in
+``loader.stats()``, an optional bounded local ``cache``. ``storage_options`` (endpoint_url,
+key, secret, ...) are kept out of states, digests, ``conveyor show`` and messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchdata.nodes import BaseNode
+
+from conveyor.graphs.ops import BuildContext, OnError
+from conveyor.graphs.registry import OpSpec, param
+from conveyor.nodes.fetch import Fetch
+from conveyor.nodes.read_tar import ReadTar
+from conveyor.storage import RetryPolicy, parse_size
+
+
+@dataclass(frozen=True)
+class FetchParams:
+    concurrency: int = param(16, min=1, doc="object reads in flight")
+    field: str = param("path", doc="the record field holding the URL")
+    out: str = param("bytes", doc="the field the object's bytes go to")
+    attempts: int = param(5, min=1, doc="tries per request; only transient errors are retried")
+    timeout: float = param(30.0, doc="seconds a request may take (then it is retried)")
+    backoff: float = param(0.1, min=0, doc="first retry delay in seconds, doubled each retry")
+    backoff_max: float = param(5.0, min=0, doc="the longest retry delay")
+    on_error: OnError = param(OnError.raise_, doc="skip: count and drop records that cannot be read")
+    cache: str | None = param(None, doc="local folder keeping remote objects")
+    cache_size: int | str = param("10GB", doc="the cache's bound: bytes or 10GB, 500MB")
+    storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
+
+
+@dataclass(frozen=True)
+class ReadTarParams:
+    field: str = param("path", doc="the record field holding the shard URL")
+    block_size: int | str = param("8MB", doc="bytes per request on remote shards")
+    read_ahead: int = param(4, min=0, doc="blocks requested ahead of the one being read")
+    index_stride: int = param(1_000_000, min=1, doc="index = shard index * stride + position")
+    attempts: int = param(5, min=1, doc="tries per request; only transient errors are retried")
+    timeout: float = param(30.0, doc="seconds a request may take (then it is retried)")
+    backoff: float = param(0.1, min=0, doc="first retry delay in seconds, doubled each retry")
+    backoff_max: float = param(5.0, min=0, doc="the longest retry delay")
+    on_error: OnError = param(OnError.raise_, doc="skip: count and drop the rest of a bad shard")
+    cache: str | None = param(None, doc="local folder keeping remote blocks")
+    cache_size: int | str = param("10GB", doc="the cache's bound: bytes or 10GB, 500MB")
+    storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
+
+
+def _policy(p: FetchParams | ReadTarParams) -> RetryPolicy:
+    return RetryPolicy(attempts=p.attempts, timeout=p.timeout, backoff=p.backoff,
+                       backoff_max=p.backoff_max)
+
+
+def _check_remote(p: FetchParams | ReadTarParams, n_inputs: int) -> list[tuple[str, str]]:
+    errors = []
+    if not p.timeout > 0:
+        errors.append(("timeout", f"expected a number of seconds > 0, got {p.timeout!r}"))
+    if p.backoff_max < p.backoff:
+        errors.append(("backoff_max", f"must be >= backoff ({p.backoff!r}), got {p.backoff_max!r}"))
+    sizes = [("cache_size", p.cache_size)]
+    if isinstance(p, ReadTarParams):
+        sizes.append(("block_size", p.block_size))
+    for name, value in sizes:
+        try:
+            n = parse_size(value)
+        except ValueError as exc:
+            errors.append((name, str(exc)))
+            continue
+        if n <= 0 or (name == "block_size" and n < 512):
+            errors.append((name, f"expected a size of at least {512 if name == 'block_size' else 1} "
+                                 f"bytes, got {value!r}"))
+    return errors
+
+
+def _build_fetch(p: FetchParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return Fetch(inputs[0], concurrency=p.concurrency, field=p.field, out=p.out, policy=_policy(p),
+                 storage_options=p.storage_options, on_error=p.on_error.value, cache=p.cache,
+                 cache_size=p.cache_size, where=ctx.where)
+
+
+def _build_read_tar(p: ReadTarParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return ReadTar(inputs[0], field=p.field, policy=_policy(p), storage_options=p.storage_options,
+                   block_size=parse_size(p.block_size), read_ahead=p.read_ahead,
+                   index_stride=p.index_stride, on_error=p.on_error.value, cache=p.cache,
+                   cache_size=p.cache_size, where=ctx.where)
+
+
+FETCH = OpSpec("fetch", FetchParams, _build_fetch, "one",
+               "read each record's object (bytes), many at once, in order, with retries",
+               _check_remote)
+READ_TAR = OpSpec("read_tar", ReadTarParams, _build_read_tar, "one",
+                  "samples from tar shards (WebDataset layout), streamed, resumable mid-shard",
+                  _check_remote)

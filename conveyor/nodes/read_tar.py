@@ -1,0 +1,355 @@
+"""read_tar: stream samples out of tar shards in the WebDataset layout.
+
+A shard is a plain tar whose members are grouped by key: ``n01440764_10026.jpg`` and
+``n01440764_10026.cls`` make one sample ``{"__key__": "n01440764_10026", "jpg": b"...",
+"cls": 0, ...}`` (the key is the member name up to the first dot of its base name, the field
+the rest, lower-cased). Shards come from the input as records with a URL under ``field``
+(``list_files`` records) and are read front to back through fsspec, a few blocks ahead,
+never downloaded whole first; each block request follows the retry policy of
+``conveyor.storage``.
+
+Each sample also gets ``__url__`` (its shard) and ``index``, a stable sample id:
+``shard_index * index_stride + position in the shard``, where ``shard_index`` is the shard
+record's ``index`` (its place in the sorted listing), so the id does not depend on the order
+shards are read in, on the rank or on the reader. ``cls`` is turned into an int when it is one.
+
+The state is the input's state before the current shard, the byte offset of the next sample's
+first header in it, and the samples already read from it: a restore reopens that shard and
+seeks there, with no replay. Once the last block of a remote shard is requested, the next
+shard is opened ahead (its size and first blocks requested), so shard boundaries cost no
+round trips; the state still names the shard being read. Memory: up to ``read_ahead + 1``
+blocks per open shard (8 MB blocks, 4 ahead: 40 MB, and as much for the next shard).
+
+A corrupt shard is a ``SampleError`` naming it and the offset (raised, or with
+``on_error="skip"`` the rest of the shard is skipped and counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tarfile
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from conveyor.errors import ConveyorError, SampleError
+from conveyor.storage import RetryPolicy, Storage, redact
+
+log = logging.getLogger(__name__)
+
+ON_ERROR = ("raise", "skip")
+_BLOCK = 512
+_KEY_EXT = re.compile(r"^((?:.*/)?[^./][^.]*)\.([^/]*)$")
+
+
+def _pax_path(data: bytes) -> str | None:
+    """The ``path`` record of a pax extended header, if any."""
+    pos = 0
+    while pos < len(data):
+        space = data.find(b" ", pos)
+        if space < 0:
+            break
+        length = int(data[pos:space])
+        record = data[space + 1:pos + length - 1]
+        key, _, value = record.partition(b"=")
+        if key == b"path":
+            return value.decode("utf-8", "surrogateescape")
+        pos += length
+    return None
+
+
+class _Member:
+    __slots__ = ("offset", "name", "size")
+
+    def __init__(self, offset: int, name: str, size: int):
+        self.offset, self.name, self.size = offset, name, size
+
+
+class _Shard:
+    """One open shard: members grouped into samples, one header read ahead."""
+
+    def __init__(self, reader: Any, url: str, offset: int):
+        self.reader = reader
+        self.url = url
+        self.offset = offset  # where the next sample's first header starts
+        self._peek: _Member | None = None
+        self.done = False
+
+    def _member(self) -> _Member | None:
+        r = self.reader
+        start = r.tell()
+        long_name = None
+        while True:
+            off = r.tell()
+            buf = r.read(_BLOCK)
+            if not buf or buf == bytes(_BLOCK):
+                return None  # end of archive (or a shard without the end marker)
+            if len(buf) < _BLOCK:
+                raise SampleError(f"{self.url}: truncated tar header at byte {off}")
+            try:
+                info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
+            except tarfile.HeaderError as exc:
+                raise SampleError(f"{self.url}: not a tar archive, or corrupt at byte {off} "
+                                  f"({exc})") from exc
+            padded = -(-info.size // _BLOCK) * _BLOCK
+            if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):
+                data = r.read(padded)[:info.size]
+                long_name = (data.rstrip(b"\0").decode("utf-8", "surrogateescape")
+                             if info.type == tarfile.GNUTYPE_LONGNAME else _pax_path(data) or long_name)
+                continue
+            if not info.isreg():  # directories, links, global headers: not samples
+                r.seek(r.tell() + padded)
+                long_name = None
+                start = r.tell()
+                continue
+            return _Member(start, long_name or info.name, info.size)
+
+    def _data(self, m: _Member) -> bytes:
+        data = self.reader.read(m.size)
+        if len(data) < m.size:
+            raise SampleError(f"{self.url}: truncated member {m.name!r} ({len(data)} of {m.size} bytes)")
+        self.reader.seek(self.reader.tell() + (-m.size % _BLOCK))
+        return data
+
+    def sample(self) -> dict[str, Any] | None:
+        """The next sample, or None at the end of the shard."""
+        if self.done:
+            return None
+        if self._peek is None:
+            self._peek = self._member()
+        sample: dict[str, Any] = {}
+        key = None
+        while self._peek is not None:
+            m = self._peek
+            match = _KEY_EXT.match(m.name)
+            if match is None:  # no field (or a hidden file): not part of any sample
+                self.reader.seek(self.reader.tell() + -(-m.size // _BLOCK) * _BLOCK)
+                self._peek = self._member()
+                continue
+            k, ext = match.group(1), match.group(2).lower()
+            if key is None:
+                key = k
+            elif k != key:
+                break
+            if ext in sample:
+                raise SampleError(f"{self.url}: sample {key!r} has two {ext!r} members")
+            sample[ext] = self._data(m)
+            self._peek = self._member()
+        if key is None:
+            self.done = True
+            return None
+        self.offset = self._peek.offset if self._peek is not None else self.reader.tell()
+        self.done = self._peek is None
+        sample["__key__"] = key
+        return sample
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class _Next:
+    """The shard after the current one: its record, and its reader when opened ahead."""
+
+    __slots__ = ("before", "url", "index", "reader")
+
+    def __init__(self, before: dict, url: str, index: int | None, reader: Any):
+        self.before, self.url, self.index, self.reader = before, url, index, reader
+
+
+def _close_reader(fut: Any) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        fut.result().close()
+
+
+class ReadTar(BaseNode[dict]):
+    """Yield the samples of the tar shards named by the input's records, shard after shard.
+
+    Args:
+        source: records with the shard's URL under ``field`` (and its listing ``index``).
+        field: the record field holding the URL.
+        policy: the retry policy for every block request.
+        storage_options: fsspec options (endpoint_url, key, secret, ...); never logged.
+        block_size: bytes per request when reading a remote shard.
+        read_ahead: blocks requested ahead of the one being read.
+        index_stride: samples per shard the ``index`` leaves room for.
+        on_error: ``"raise"`` or ``"skip"`` (the rest of an unreadable shard, counted).
+        cache: a local folder to keep remote blocks in, or None.
+        cache_size: the cache's bound.
+        where: text for error notes.
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> node = ReadTar(IterableWrapper([{"path": "shards/shard-000000.tar", "index": 0}]))
+        >>> sorted(next(node))                                            # doctest: +SKIP
+        ['__key__', '__url__', 'cls', 'index', 'jpg']
+    """
+
+    SOURCE_KEY = "source"
+    OFFSET_KEY = "offset"
+    POS_KEY = "pos"
+    SHARDS_KEY = "shards"
+
+    def __init__(self, source: BaseNode, *, field: str = "path", policy: RetryPolicy | None = None,
+                 storage_options: dict[str, Any] | None = None, block_size: int = 8 << 20,
+                 read_ahead: int = 4, index_stride: int = 1_000_000, on_error: str = "raise",
+                 cache: str | None = None, cache_size: int | str = "10GB", where: str | None = None):
+        super().__init__()
+        if on_error not in ON_ERROR:
+            raise ValueError(f"{on_error=} must be one of {ON_ERROR}")
+        if not isinstance(block_size, int) or block_size < _BLOCK:
+            raise ValueError(f"{block_size=} must be an int >= {_BLOCK}")
+        if not isinstance(index_stride, int) or index_stride < 1:
+            raise ValueError(f"{index_stride=} must be an int >= 1")
+        self.source = source
+        self.field = field
+        self.block_size = block_size
+        self.read_ahead = read_ahead
+        self.index_stride = index_stride
+        self.on_error = on_error
+        self.where = where or "read_tar"
+        self.storage = Storage(storage_options=storage_options, policy=policy, cache=cache,
+                               cache_size=cache_size, threads=max(2, read_ahead + 1))
+        self.skipped_shards = 0
+        self._shard: _Shard | None = None
+        self._next: _Next | None = None
+        self._source_done = False
+        self._shard_index = 0
+        self._shards_seen = 0
+        self._before: dict | None = None
+        self._pos = 0
+
+    def __repr__(self) -> str:
+        return f"ReadTar(field={self.field!r}, block_size={self.block_size})"
+
+    def stats(self) -> dict[str, int]:
+        return {**self.storage.stats.as_dict(), "skipped_shards": self.skipped_shards}
+
+    def _close_shard(self) -> None:
+        if self._shard is not None:
+            self._shard.close()
+            self._shard = None
+
+    def _drop_next(self) -> None:
+        if self._next is not None and self._next.reader is not None:
+            fut = self._next.reader
+            fut.cancel()
+            fut.add_done_callback(_close_reader)
+        self._next = None
+
+    def close(self) -> None:
+        self._close_shard()
+        self._drop_next()
+        self.storage.close()
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self._close_shard()
+        self._drop_next()
+        self._source_done = False
+        self.skipped_shards = 0
+        self.storage.stats.clear()
+        if initial_state is None:
+            self._shards_seen = 0
+            self.source.reset()
+            return
+        self.source.reset(initial_state[self.SOURCE_KEY])
+        self._shards_seen = initial_state[self.SHARDS_KEY]
+        if initial_state[self.OFFSET_KEY] >= 0:
+            self._open_next(initial_state[self.OFFSET_KEY], initial_state[self.POS_KEY])
+
+    def _pull(self, prefetch: bool) -> None:
+        """Take the next shard record from the input; start opening it when ``prefetch``."""
+        before = self.source.state_dict()
+        try:
+            record = next(self.source)
+        except StopIteration:
+            self._source_done = True
+            return
+        url = record.get(self.field) if isinstance(record, dict) else record
+        if not isinstance(url, str):
+            raise SampleError(f"{self.where}: expected a record with a shard URL under "
+                              f"'{self.field}', got {type(record).__name__}")
+        index = record.get("index") if isinstance(record, dict) else None
+        reader = (self.storage.open_sequential_async(url, block_size=self.block_size,
+                                                     read_ahead=self.read_ahead)
+                  if prefetch else None)
+        self._next = _Next(before, url, index if isinstance(index, int) else None, reader)
+
+    def _open_next(self, offset: int = 0, pos: int = 0) -> None:
+        if self._next is None and not self._source_done:
+            self._pull(prefetch=False)
+        nxt, self._next = self._next, None
+        if nxt is None:
+            raise StopIteration
+        self._before = nxt.before
+        self._shard_index = nxt.index if nxt.index is not None else self._shards_seen
+        self._shards_seen += 1
+        self._pos = pos
+        try:
+            if nxt.reader is not None:  # opened ahead, at offset 0
+                reader = nxt.reader.result()
+            else:
+                reader = self.storage.open_sequential(nxt.url, offset=offset,
+                                                      block_size=self.block_size,
+                                                      read_ahead=self.read_ahead)
+        except SampleError as exc:
+            self._failed(exc)
+            return
+        self._shard = _Shard(reader, nxt.url, offset)
+
+    def _failed(self, exc: SampleError) -> None:
+        self._close_shard()
+        if self.on_error == "raise":
+            raise exc
+        self.skipped_shards += 1
+        log.warning("%s: skipped the rest of a shard (%s)", self.where,
+                    redact(str(exc), self.storage.options))
+
+    def next(self) -> dict:
+        try:
+            return self._read_sample()
+        except ConveyorError as exc:
+            if not any(self.where in note for note in getattr(exc, "__notes__", [])):
+                exc.add_note(f"in {self.where}")
+            raise
+
+    def _read_sample(self) -> dict:
+        while True:
+            if self._shard is None:
+                self._open_next()  # StopIteration when the input is done
+                continue
+            shard = self._shard
+            try:
+                sample = shard.sample()
+            except SampleError as exc:
+                self._failed(exc)
+                continue
+            if shard.done:  # closed now: a state taken here points past this shard
+                self._close_shard()
+            elif (self._next is None and not self._source_done
+                  and getattr(shard.reader, "all_requested", False)):
+                self._pull(prefetch=True)  # open the next remote shard while this one ends
+            if sample is None:
+                continue
+            if self._pos >= self.index_stride:
+                raise SampleError(f"{shard.url}: more than index_stride={self.index_stride} "
+                                  "samples in one shard; raise index_stride")
+            cls = sample.get("cls")
+            if isinstance(cls, bytes):
+                try:
+                    sample["cls"] = int(cls.decode("ascii").strip())
+                except ValueError:  # not a number: left as the bytes it is
+                    pass
+            sample["__url__"] = shard.url
+            sample["index"] = self._shard_index * self.index_stride + self._pos
+            self._pos += 1
+            return sample
+
+    def get_state(self) -> dict:
+        if self._shard is None:
+            source = self._next.before if self._next is not None else self.source.state_dict()
+            return {self.SOURCE_KEY: source, self.OFFSET_KEY: -1, self.POS_KEY: 0,
+                    self.SHARDS_KEY: self._shards_seen}
+        return {self.SOURCE_KEY: self._before, self.OFFSET_KEY: self._shard.offset,
+                self.POS_KEY: self._pos, self.SHARDS_KEY: self._shards_seen - 1}

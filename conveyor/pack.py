@@ -1,0 +1,286 @@
+"""``conveyor pack SRC DST``: write an ImageNet-layout folder as tar shards (WebDataset layout).
+
+    conveyor pack examples/data/imagenet-sample/train /data/shards/train --shard-size 256MB
+    conveyor pack s3://bucket/imagenet/train s3://bucket/imagenet-shards/train
+
+``SRC`` is ``<class>/<image>`` (local or any fsspec URL); classes are the folder names in
+sorted order, numbered from 0 as ``list_files(label: parent_dir)`` and torchvision's
+``ImageFolder`` number them. Each image becomes two members, ``KEY.jpg`` (the file's bytes,
+as stored; other formats keep their extension) and ``KEY.cls`` (the class number in ASCII),
+where ``KEY`` is the file name without its extension. Samples go into ``shard-000000.tar``,
+``shard-000001.tar``, ... in sorted order, a new shard starting before one would pass
+``--shard-size``. ``DST/index.json`` lists the shards (name, samples, bytes, sha256, index of
+the first sample), the total and the classes.
+
+The output depends on the input bytes and the options only: sorted listing, fixed tar
+headers (mtime 0, uid/gid 0, no user or group names, mode 0644), GNU tar format, a sorted
+JSON index. Packing the same folder twice, or to a local folder and to S3, gives the same
+bytes. Each shard is written to a local temporary file first and then moved (locally) or
+uploaded whole (remote, retried as a whole on transient errors), so a half-written shard is
+never left under its final name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import io
+import json
+import logging
+import os
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.errors import ConveyorError, SourceError
+from conveyor.storage import RetryPolicy, Storage, is_local, parse_size, redact
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = "index.json"
+INDEX_FORMAT = "conveyor-shards/1"
+_EXT = {"jpeg": "jpg", "jpg": "jpg"}
+
+
+@dataclass(frozen=True)
+class _Sample:
+    url: str
+    key: str
+    ext: str
+    label: int
+
+
+def _member(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info
+
+
+def _tar_size(size: int) -> int:
+    return 512 + -(-size // 512) * 512
+
+
+def _readable(path: str) -> None:
+    """Give a temporary file (made 0600) the permissions of a normal new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def _join(root: str, name: str) -> str:
+    return root.rstrip("/") + "/" + name
+
+
+def list_samples(storage: Storage, src: str) -> tuple[list[_Sample], list[str]]:
+    """The images under ``src/<class>/`` in sorted order, and the sorted class names."""
+    files = [u for u in storage.glob(_join(src, "*/*"))
+             if not u.rsplit("/", 1)[-1].startswith(".")]
+    classes = sorted({u.rsplit("/", 2)[-2] for u in files})
+    number = {c: i for i, c in enumerate(classes)}
+    samples, seen = [], {}
+    for url in files:
+        base = url.rsplit("/", 1)[-1]
+        stem, dot, ext = base.partition(".")
+        ext = ext.rsplit(".", 1)[-1].lower() if dot else ""
+        if not ext:
+            continue  # no extension: not an image file
+        key = stem  # the key is everything before the first dot (WebDataset's rule)
+        if key in seen:
+            raise ConveyorError(f"pack: {redact(url)} and {redact(seen[key])} would share the key "
+                                f"{key!r}; file names (before the first dot) must be unique")
+        seen[key] = url
+        samples.append(_Sample(url, key, _EXT.get(ext, ext), number[url.rsplit("/", 2)[-2]]))
+    return samples, classes
+
+
+def _ordered_reads(storage: Storage, samples: list[_Sample], concurrency: int):
+    """``(sample, bytes)`` in order, ``concurrency`` reads in flight."""
+    window: collections.deque = collections.deque()
+    it = iter(samples)
+    while True:
+        while len(window) < concurrency:
+            s = next(it, None)
+            if s is None:
+                break
+            window.append((s, storage.submit(s.url)))
+        if not window:
+            return
+        s, fut = window.popleft()
+        yield s, fut.result()
+
+
+class _ShardWriter:
+    def __init__(self, storage: Storage, dst: str, prefix: str, tmpdir: str):
+        self.storage, self.dst, self.prefix, self.tmpdir = storage, dst, prefix, tmpdir
+        self.shards: list[dict[str, Any]] = []
+        self._tar: tarfile.TarFile | None = None
+        self._file: Any = None
+        self._path = ""
+        self.bytes = 0
+        self.samples = 0
+        self.first = 0
+
+    def open(self, first: int) -> None:
+        fd, self._path = tempfile.mkstemp(prefix=".pack-", suffix=".tar", dir=self.tmpdir)
+        self._file = os.fdopen(fd, "wb")
+        self._tar = tarfile.open(fileobj=self._file, mode="w", format=tarfile.GNU_FORMAT)
+        self.bytes, self.samples, self.first = 0, 0, first
+
+    def add(self, s: _Sample, data: bytes) -> None:
+        assert self._tar is not None
+        label = str(s.label).encode()
+        self._tar.addfile(_member(f"{s.key}.{s.ext}", len(data)), io.BytesIO(data))
+        self._tar.addfile(_member(f"{s.key}.cls", len(label)), io.BytesIO(label))
+        self.bytes += _tar_size(len(data)) + _tar_size(len(label))
+        self.samples += 1
+
+    def close(self) -> None:
+        if self._tar is None:
+            return
+        self._tar.close()
+        self._file.close()
+        self._tar = None
+        name = f"{self.prefix}-{len(self.shards):06d}.tar"
+        digest = hashlib.sha256()
+        with open(self._path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        size = os.path.getsize(self._path)
+        _readable(self._path)
+        self.storage.put_file(self._path, _join(self.dst, name))
+        if os.path.exists(self._path):
+            os.remove(self._path)
+        self.shards.append({"name": name, "samples": self.samples, "bytes": size, "first": self.first,
+                            "sha256": digest.hexdigest()})
+        log.info("pack: wrote %s (%d samples, %d bytes)", name, self.samples, size)
+
+    def abort(self) -> None:
+        if self._tar is not None:
+            self._file.close()
+            self._tar = None
+            os.remove(self._path)
+
+
+def _existing(storage: Storage, dst: str, prefix: str) -> list[str]:
+    try:
+        return storage.glob(_join(dst, f"{prefix}-*.tar"))
+    except SourceError:
+        return []
+
+
+def pack(src: str, dst: str, *, shard_size: int | str = "256MB", prefix: str = "shard",
+         concurrency: int = 16, overwrite: bool = False,
+         storage_options: dict[str, Any] | None = None,
+         policy: RetryPolicy | None = None) -> dict[str, Any]:
+    """Pack ``src`` (``<class>/<image>``) into tar shards under ``dst``; returns the index.
+
+    Args:
+        src: the ImageNet-layout folder, local or any fsspec URL.
+        dst: the output folder, local or any fsspec URL.
+        shard_size: the most bytes a shard holds (``"256MB"``; a single larger sample gets a
+            shard of its own).
+        prefix: shard names are ``{prefix}-000000.tar``...
+        concurrency: source reads in flight.
+        overwrite: replace shards already under ``dst`` (refused otherwise).
+        storage_options: fsspec options for both ``src`` and ``dst``; never logged.
+        policy: the retry policy of every read and upload.
+
+    Raises:
+        SourceError: nothing to pack, or ``src`` cannot be read.
+        ConveyorError: ``dst`` already holds shards and ``overwrite`` is false.
+
+    Example:
+        >>> pack("examples/data/imagenet-sample/train", "/tmp/shards", shard_size="2MB")  # doctest: +SKIP
+        {'format': 'conveyor-shards/1', 'samples': 240, ...}
+    """
+    limit = parse_size(shard_size)
+    if limit < 1024:
+        raise ValueError(f"shard_size={shard_size!r} is below 1kB")
+    storage = Storage(storage_options=storage_options, policy=policy, threads=concurrency)
+    try:
+        samples, classes = list_samples(storage, src)
+        if not samples:
+            raise SourceError(f"pack: no image files under {redact(src, storage_options)}/<class>/")
+        old = _existing(storage, dst, prefix)
+        if old and not overwrite:
+            raise ConveyorError(f"pack: {redact(dst, storage_options)} already holds {len(old)} "
+                                f"shard(s) named {prefix}-*.tar; pass --overwrite to replace them")
+        for url in old:
+            fs, path = storage.resolve(url)
+            fs.rm_file(path)
+        if is_local(dst):
+            os.makedirs(dst, exist_ok=True)
+        tmpdir = dst if is_local(dst) else None
+        writer = _ShardWriter(storage, dst, prefix, tmpdir or tempfile.gettempdir())
+        t0 = time.perf_counter()
+        try:
+            for i, (s, data) in enumerate(_ordered_reads(storage, samples, concurrency)):
+                need = _tar_size(len(data)) + _tar_size(len(str(s.label)))
+                if writer.samples and writer.bytes + need > limit:
+                    writer.close()
+                if writer._tar is None:
+                    writer.open(i)
+                writer.add(s, data)
+            writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        index = {"format": INDEX_FORMAT, "layout": "webdataset", "fields": ["cls", "jpg"],
+                 "shard_size": limit, "samples": len(samples), "classes": classes,
+                 "shards": writer.shards}
+        text = json.dumps(index, indent=1, sort_keys=True) + "\n"
+        fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".json", dir=tmpdir)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        _readable(tmp)
+        storage.put_file(tmp, _join(dst, INDEX_NAME))
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        log.info("pack: %d samples in %d shards in %.1f s (%d retries)", len(samples),
+                 len(writer.shards), time.perf_counter() - t0, storage.stats.as_dict()["retries"])
+        return index
+    finally:
+        storage.close()
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``pack`` to the ``conveyor`` command's subparsers."""
+    p = subparsers.add_parser(
+        "pack", help="write tar shards (WebDataset layout) from an ImageNet-layout folder",
+        description="Write SRC/<class>/<image> as tar shards under DST (local or any fsspec "
+                    "URL, e.g. s3://bucket/prefix), with DST/index.json. Credentials and the "
+                    "endpoint come from the usual AWS variables (AWS_ENDPOINT_URL...).")
+    p.add_argument("src", help="ImageNet-layout folder: SRC/<class>/<image>")
+    p.add_argument("dst", help="output folder for the shards and index.json")
+    p.add_argument("--shard-size", default="256MB", help="bytes per shard, e.g. 256MB (default), 1GiB")
+    p.add_argument("--prefix", default="shard", help="shard file name prefix (default: shard)")
+    p.add_argument("--concurrency", type=int, default=16, help="source reads in flight (default 16)")
+    p.add_argument("--overwrite", action="store_true", help="replace shards already in DST")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``conveyor pack``; prints one line per shard and a summary, returns the exit code."""
+    try:
+        size = parse_size(args.shard_size)
+    except ValueError as exc:
+        raise SystemExit(f"conveyor pack: --shard-size: {exc}") from None
+    if args.concurrency < 1:
+        raise SystemExit("conveyor pack: --concurrency must be >= 1")
+    t0 = time.perf_counter()
+    index = pack(args.src, args.dst, shard_size=size, prefix=args.prefix,
+                 concurrency=args.concurrency, overwrite=args.overwrite)
+    for shard in index["shards"]:
+        print(f"  {shard['name']}  {shard['samples']:>7} samples  {shard['bytes']:>12,} bytes")
+    print(f"packed {index['samples']} samples of {len(index['classes'])} classes into "
+          f"{len(index['shards'])} shard(s) under {redact(args.dst)} in {time.perf_counter() - t0:.1f} s")
+    return 0

@@ -1,0 +1,725 @@
+"""Object storage access for nodes: fsspec with our retry policy, error kinds, secret redaction.
+
+Every remote read a node makes goes through a ``Storage``: it resolves a URL to an fsspec
+filesystem (any protocol; S3 through s3fs), runs each request with a timeout, retries the
+transient failures of object storage (HTTP 500/503, SlowDown and other throttling, reset or
+dropped connections, timeouts) with capped exponential backoff and jitter, counts what it did
+(``stats``), and turns the permanent failures into conveyor errors that name the URL at once:
+
+* no such bucket, access denied, bad credentials: ``SourceError`` (the whole source is unusable);
+* no such object, a corrupt or other permanent failure of one object: ``SampleError``;
+* a transient failure that outlived its attempts: ``SampleError`` saying how many were made.
+
+s3fs and botocore retry on their own; for filesystems made here both are turned down to a
+single attempt (s3fs ``retries``, botocore ``total_max_attempts``) so that the policy is ours
+and every retry is counted. Socket timeouts come from ``RetryPolicy.timeout`` unless the spec's
+``storage_options.config_kwargs`` sets them. Async filesystems (s3fs, gcsfs, http) run their
+requests as coroutines on fsspec's IO loop, many at once without a thread each; synchronous
+ones (local disk) on a small thread pool.
+
+Secrets: ``storage_options`` are never logged, put in messages or in state. ``redact`` takes
+any text and replaces the secret values it knows (from the options and the AWS environment
+variables) and URL passwords with ``***``; every message built here goes through it.
+
+An optional ``LocalCache`` keeps remote objects (or ranges) in a local folder, bounded in
+bytes, least recently used evicted first. Objects are assumed immutable while cached.
+
+Example:
+    >>> st = Storage(policy=RetryPolicy(attempts=3, timeout=10))
+    >>> data = st.read("examples/data/numbers/a/1.txt")            # doctest: +SKIP
+    >>> st.stats.as_dict()["retries"]                               # doctest: +SKIP
+    0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import hashlib
+import http.client
+import logging
+import os
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import fsspec
+from fsspec.utils import glob_translate
+
+from conveyor.errors import SampleError, SourceError
+
+log = logging.getLogger(__name__)
+
+TRANSIENT, NOT_FOUND, NO_BUCKET, DENIED, PERMANENT = (
+    "transient", "not_found", "no_bucket", "denied", "permanent")
+
+_TRANSIENT_CODES = frozenset({
+    "InternalError", "ServiceUnavailable", "SlowDown", "Throttling", "ThrottlingException",
+    "ThrottledException", "RequestThrottled", "RequestThrottledException", "TooManyRequests",
+    "TooManyRequestsException", "RequestLimitExceeded", "BandwidthLimitExceeded",
+    "ProvisionedThroughputExceededException", "RequestTimeout", "RequestTimeoutException",
+    "PriorRequestNotComplete", "OperationAborted", "500", "502", "503", "504", "429",
+})
+_DENIED_CODES = frozenset({
+    "AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+    "ExpiredToken", "InvalidToken", "AccountProblem", "InvalidSecurity", "403", "401",
+})
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchVersion"})
+_SECRET_NAME = re.compile(r"secret|token|passw|credential|sas|private|(^|_)key$|^key$", re.I)
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@]*):([^@/\s]+)@", re.I)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.I)
+_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+# ----- sizes and secrets ------------------------------------------------------------------
+
+def parse_size(value: int | str) -> int:
+    """Bytes from an int or a string like ``"256MB"``, ``"1.5GiB"``, ``"500k"`` (k = 1000, ki = 1024).
+
+    Raises:
+        ValueError: the value is not a size.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"size {value!r} must be >= 0")
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"expected a size such as 256MB, 1GiB or a number of bytes, got {value!r}")
+    number, unit, binary = m.groups()
+    return int(float(number) * (1024 if binary else 1000) ** _UNITS[unit.lower()])
+
+
+def secret_values(storage_options: dict[str, Any] | None) -> set[str]:
+    """The values in ``storage_options`` (nested too) whose names look secret, and the
+    AWS secret variables of the environment."""
+    found: set[str] = set()
+
+    def walk(obj: Any, name: str = "") -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, str(k))
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                walk(v, name)
+        elif isinstance(obj, str) and len(obj) >= 4 and _SECRET_NAME.search(name):
+            found.add(obj)
+
+    walk(storage_options or {})
+    for var in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        value = os.environ.get(var)
+        if value and len(value) >= 4:
+            found.add(value)
+    return found
+
+
+def redact(text: str, storage_options: dict[str, Any] | None = None) -> str:
+    """``text`` with known secret values and URL passwords replaced by ``***``.
+
+    Example:
+        >>> redact("key abcd1234 at s3://u:pw@host/x", {"secret": "abcd1234"})
+        'key *** at s3://u:***@host/x'
+    """
+    for value in sorted(secret_values(storage_options), key=len, reverse=True):
+        text = text.replace(value, "***")
+    return _URL_PASSWORD.sub(r"\1:***@", text)
+
+
+# ----- error kinds ------------------------------------------------------------------------
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in out and len(out) < 8:
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _code_status(exc: BaseException) -> tuple[str | None, int | None]:
+    resp = getattr(exc, "response", None)
+    if isinstance(resp, dict):
+        err = resp.get("Error") or {}
+        meta = resp.get("ResponseMetadata") or {}
+        code = err.get("Code")
+        return (str(code) if code is not None else None), meta.get("HTTPStatusCode")
+    status = getattr(exc, "status", None)  # aiohttp.ClientResponseError
+    return None, status if isinstance(status, int) else None
+
+
+def _transient_types() -> tuple[type, ...]:
+    types: list[type] = [TimeoutError, ConnectionError, http.client.IncompleteRead,
+                         http.client.BadStatusLine, asyncio.TimeoutError]
+    try:
+        import aiohttp
+
+        types.append(aiohttp.ClientError)
+    except ImportError:  # aiohttp comes with s3fs; without it there is nothing of it to catch
+        pass
+    try:
+        from botocore import exceptions as be
+
+        types += [be.HTTPClientError, be.ConnectionError, be.IncompleteReadError]
+        parser = getattr(__import__("botocore.parsers", fromlist=["ResponseParserError"]),
+                         "ResponseParserError", None)
+        if parser is not None:
+            types.append(parser)
+    except ImportError:  # botocore comes with s3fs only
+        pass
+    return tuple(types)
+
+
+_TRANSIENT_TYPES: tuple[type, ...] | None = None
+
+
+def classify(exc: BaseException) -> str:
+    """The kind of a storage failure: ``transient`` (retry it), ``not_found`` (no such object),
+    ``no_bucket``, ``denied`` or ``permanent``.
+
+    Looks through the exception's causes: s3fs turns botocore's ``ClientError`` into
+    ``OSError``/``FileNotFoundError``/``PermissionError`` and keeps it as the cause.
+    """
+    global _TRANSIENT_TYPES
+    if _TRANSIENT_TYPES is None:
+        _TRANSIENT_TYPES = _transient_types()
+    chain = _chain(exc)
+    for e in chain:
+        code, status = _code_status(e)
+        if code == "NoSuchBucket":
+            return NO_BUCKET
+        if code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429)):
+            return TRANSIENT
+        if code in _DENIED_CODES or status in (401, 403):
+            return DENIED
+        if code in _NOT_FOUND_CODES or status == 404:
+            return NOT_FOUND
+        if code is not None or status is not None:
+            return PERMANENT
+    for e in chain:
+        if isinstance(e, FileNotFoundError):
+            return NOT_FOUND
+        if isinstance(e, PermissionError):
+            return DENIED
+        if isinstance(e, _TRANSIENT_TYPES):
+            return TRANSIENT
+    return PERMANENT
+
+
+def describe(exc: BaseException, storage_options: dict[str, Any] | None = None) -> str:
+    """A one-line, redacted ``Type: message`` of a failure, with the server's error code."""
+    code = next((c for c, _ in map(_code_status, _chain(exc)) if c), None)
+    text = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
+    if code and code not in text:
+        text += f" [{code}]"
+    return redact(text, storage_options)
+
+
+# ----- policy and counters ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How requests are retried.
+
+    Args:
+        attempts: tries per request, >= 1 (transient failures only are tried again).
+        timeout: seconds a request may take in all (also the socket read timeout).
+        backoff: the first delay in seconds; each retry doubles it, up to ``backoff_max``.
+        backoff_max: the cap on one delay.
+
+    The delay before retry ``i`` is drawn uniformly from ``[d/2, d]`` with
+    ``d = min(backoff_max, backoff * 2**i)`` (jitter spreads out clients that failed together).
+    """
+
+    attempts: int = 5
+    timeout: float = 30.0
+    backoff: float = 0.1
+    backoff_max: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ValueError(f"attempts={self.attempts!r} must be an int >= 1")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout={self.timeout!r} must be > 0 seconds")
+        if self.backoff < 0 or self.backoff_max < self.backoff:
+            raise ValueError(f"backoff={self.backoff!r}, backoff_max={self.backoff_max!r}: need "
+                             "0 <= backoff <= backoff_max")
+
+    def delay(self, retry: int, rng: random.Random) -> float:
+        d = min(self.backoff_max, self.backoff * (2 ** retry))
+        return rng.uniform(d / 2, d)
+
+
+class StorageStats:
+    """Thread-safe counters: requests made, retries, failures given up on, bytes, cache hits."""
+
+    FIELDS = ("requests", "retries", "failed", "bytes", "cache_hits")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(self.FIELDS, 0)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counts[name] += n
+
+    def clear(self) -> None:
+        with self._lock:
+            self._counts = dict.fromkeys(self.FIELDS, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+# ----- local cache ------------------------------------------------------------------------
+
+class LocalCache:
+    """Remote objects (or byte ranges of them) kept in a local folder, at most ``max_bytes``.
+
+    Files are written whole then renamed into place, so that a reader never sees half a file
+    (several processes may share the folder). Reading a file marks it used; when the folder
+    grows past ``max_bytes`` the least recently used files go first.
+    """
+
+    def __init__(self, directory: str, max_bytes: int):
+        if max_bytes <= 0:
+            raise ValueError(f"{max_bytes=} must be > 0")
+        self.dir = os.path.abspath(os.path.expanduser(directory))
+        self.max_bytes = max_bytes
+        os.makedirs(self.dir, exist_ok=True)
+        self._lock = threading.Lock()
+        self._total = sum(e.stat().st_size for e in os.scandir(self.dir)
+                          if e.is_file() and not e.name.startswith("."))
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.dir, hashlib.sha256(key.encode()).hexdigest()[:40])
+
+    def get(self, key: str) -> bytes | None:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+            os.utime(path)
+            return data
+        except OSError:  # not cached, or evicted meanwhile
+            return None
+
+    def put(self, key: str, data: bytes) -> None:
+        if len(data) > self.max_bytes:
+            return
+        path = self._path(key)
+        tmp = os.path.join(self.dir, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        with self._lock:
+            self._total += len(data)
+            if self._total > self.max_bytes:
+                self._evict()
+
+    def _evict(self) -> None:
+        entries = []
+        for e in os.scandir(self.dir):
+            if e.is_file() and not e.name.startswith("."):
+                st = e.stat()
+                entries.append((st.st_mtime, st.st_size, e.path))
+        entries.sort()
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in entries:
+            if total <= self.max_bytes * 0.9:
+                break
+            try:
+                os.remove(path)
+            except OSError:  # removed by another process
+                pass
+            total -= size
+        self._total = total
+
+
+# ----- filesystems ------------------------------------------------------------------------
+
+def protocol_of(url: str) -> str:
+    return url.split("://", 1)[0].split("::")[-1] if "://" in url else "file"
+
+
+def is_local(url: str) -> bool:
+    return protocol_of(url) in ("file", "local")
+
+
+def _s3_options(options: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
+    config = {"connect_timeout": min(policy.timeout, 10.0), "read_timeout": policy.timeout,
+              "retries": {"total_max_attempts": 1}, "max_pool_connections": 128}
+    config.update(options.get("config_kwargs") or {})
+    return {**options, "config_kwargs": config, "max_concurrency": options.get("max_concurrency", 1)}
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None,
+               policy: RetryPolicy | None = None) -> tuple[Any, str]:
+    """``(fs, path)`` for ``url``; for S3 with the library's own retries turned off (see above)."""
+    options = dict(storage_options or {})
+    protocol = protocol_of(url)
+    if protocol in ("s3", "s3a"):
+        options = _s3_options(options, policy or RetryPolicy())
+    fs, path = fsspec.core.url_to_fs(url, **options)
+    if protocol in ("s3", "s3a"):
+        fs.retries = 1  # s3fs's own loop: one attempt (ours retries, and counts)
+    return fs, path
+
+
+def _walks(fs: Any) -> bool:
+    """Whether ``fs.find`` is fsspec's generic one, built on ``walk`` (which takes ``on_error``)."""
+    from fsspec.asyn import AsyncFileSystem
+    from fsspec.spec import AbstractFileSystem
+
+    if getattr(fs, "async_impl", False):
+        return type(fs)._find is AsyncFileSystem._find
+    return type(fs).find is AbstractFileSystem.find
+
+
+def _full_url(fs: Any, path: str, like: str) -> str:
+    if is_local(like):
+        return path
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return path if "://" in path else f"{protocol}://{path}"
+
+
+class Storage:
+    """Reads (and for ``conveyor pack``, writes) objects with one retry policy and one set of
+    counters. Made by a node; ``close()`` stops its threads and cancels what is in flight.
+
+    Args:
+        storage_options: fsspec options (endpoint_url, key, secret, ...). Never logged.
+        policy: the retry policy.
+        cache: a local folder for a ``LocalCache`` of remote reads, or None.
+        cache_size: its bound, e.g. ``"10GB"``.
+        threads: size of the thread pool used for synchronous filesystems.
+    """
+
+    def __init__(self, *, storage_options: dict[str, Any] | None = None,
+                 policy: RetryPolicy | None = None, cache: str | None = None,
+                 cache_size: int | str = "10GB", threads: int = 16):
+        self.options = dict(storage_options or {})
+        self.policy = policy or RetryPolicy()
+        self.stats = StorageStats()
+        self.cache = LocalCache(cache, parse_size(cache_size)) if cache else None
+        self._threads = threads
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._fs: dict[str, tuple[Any, str]] = {}
+        self._rng = random.Random()  # jitter: timing only, never data
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:  # never the options: they may hold secrets
+        return f"Storage(policy={self.policy!r}, cache={self.cache.dir if self.cache else None!r})"
+
+    # -- plumbing
+    def resolve(self, url: str) -> tuple[Any, str]:
+        """``(fs, path)``; one filesystem per protocol."""
+        protocol = protocol_of(url)
+        with self._lock:
+            if protocol not in self._fs:
+                fs, path = filesystem(url, self.options, self.policy)
+                connect = getattr(fs, "connect", None)
+                if getattr(fs, "async_impl", False) and callable(connect):
+                    connect()  # make the client now, outside every request's timeout
+                self._fs[protocol] = (fs, path)
+            fs = self._fs[protocol][0]
+        return fs, fs._strip_protocol(url)  # local: an absolute path
+
+    def _pool_get(self) -> cf.ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(self._threads, thread_name_prefix="conveyor-io")
+            return self._pool
+
+    def error(self, url: str, exc: BaseException, attempts: int = 1) -> Exception:
+        """The conveyor error for a failed request on ``url`` (redacted, naming the URL)."""
+        kind = classify(exc)
+        what = describe(exc, self.options)
+        url = redact(url, self.options)
+        if kind == NO_BUCKET:
+            return SourceError(f"{url}: the bucket does not exist ({what})")
+        if kind == DENIED:
+            return SourceError(f"{url}: access denied ({what}); check the credentials (AWS_* "
+                               "variables, ~/.aws, or storage_options in the spec)")
+        if kind == NOT_FOUND:
+            return SampleError(f"{url}: no such object ({what})")
+        if kind == TRANSIENT:
+            return SampleError(f"{url}: failed after {attempts} attempt(s), the last with {what}")
+        return SampleError(f"{url}: {what}")
+
+    def _retry_or_raise(self, url: str, exc: BaseException, attempt: int) -> float:
+        """The delay before the next attempt, or raise the conveyor error."""
+        if classify(exc) != TRANSIENT or attempt + 1 >= self.policy.attempts:
+            self.stats.add("failed")
+            raise self.error(url, exc, attempt + 1) from exc
+        self.stats.add("retries")
+        delay = self.policy.delay(attempt, self._rng)
+        log.debug("retrying %s in %.2fs (attempt %d of %d failed: %s)", redact(url, self.options),
+                  delay, attempt + 1, self.policy.attempts, describe(exc, self.options))
+        return delay
+
+    async def _run_async(self, url: str, make: Callable[[], Awaitable[Any]],
+                         timeout: float | None = -1.0) -> Any:
+        timeout = self.policy.timeout if timeout == -1.0 else timeout
+        for attempt in range(self.policy.attempts):
+            self.stats.add("requests")
+            try:
+                return await asyncio.wait_for(make(), timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # classified: retried or raised as a conveyor error
+                await asyncio.sleep(self._retry_or_raise(url, exc, attempt))
+        raise AssertionError("unreachable")
+
+    def _run_sync(self, url: str, fn: Callable[[], Any]) -> Any:
+        for attempt in range(self.policy.attempts):
+            self.stats.add("requests")
+            try:
+                return fn()
+            except Exception as exc:  # classified: retried or raised as a conveyor error
+                time.sleep(self._retry_or_raise(url, exc, attempt))
+        raise AssertionError("unreachable")
+
+    def submit_call(self, url: str, sync_name: str, *args: Any, name: str | None = None,
+                    timeout: float | None = -1.0, **kwargs: Any) -> cf.Future:
+        """Start ``fs.<sync_name>(path, ...)`` (or its coroutine) with the retry policy; a future
+        of its result. Errors name ``name`` (default: ``url``); ``timeout`` replaces the
+        policy's for the whole call (None: only the per-request socket timeouts, for calls made
+        of many requests such as a listing)."""
+        fs, path = self.resolve(url)
+        if getattr(fs, "async_impl", False):
+            coro_fn = getattr(fs, "_" + sync_name)
+            return asyncio.run_coroutine_threadsafe(
+                self._run_async(name or url, lambda: coro_fn(path, *args, **kwargs), timeout),
+                fs.loop)
+        if is_local(url):  # no waiting worth a thread
+            done: cf.Future = cf.Future()
+            try:
+                done.set_result(self._run_sync(name or url,
+                                               lambda: getattr(fs, sync_name)(path, *args, **kwargs)))
+            except Exception as exc:  # handed to whoever reads the future
+                done.set_exception(exc)
+            return done
+        return self._pool_get().submit(self._run_sync, name or url,
+                                       lambda: getattr(fs, sync_name)(path, *args, **kwargs))
+
+    def call(self, url: str, sync_name: str, *args: Any, name: str | None = None,
+             timeout: float | None = -1.0, **kwargs: Any) -> Any:
+        """``submit_call(...).result()``: run it now."""
+        return self.submit_call(url, sync_name, *args, name=name, timeout=timeout, **kwargs).result()
+
+    # -- reads
+    def submit(self, url: str, start: int | None = None, end: int | None = None) -> cf.Future:
+        """Start reading ``url`` (bytes ``[start, end)``); a future of the bytes, or of the error."""
+        key = f"{url}|{start}|{end}"
+        if self.cache is not None:
+            data = self.cache.get(key)
+            if data is not None:
+                self.stats.add("cache_hits")
+                done: cf.Future = cf.Future()
+                done.set_result(data)
+                return done
+        fs, path = self.resolve(url)
+        if getattr(fs, "async_impl", False):
+            return asyncio.run_coroutine_threadsafe(self._read_async(fs, url, path, start, end, key),
+                                                    fs.loop)
+        return self._pool_get().submit(self._read_sync, fs, url, path, start, end, key)
+
+    async def _read_async(self, fs: Any, url: str, path: str, start: int | None, end: int | None,
+                          key: str) -> bytes:
+        data = await self._run_async(url, lambda: fs._cat_file(path, start=start, end=end))
+        self.stats.add("bytes", len(data))
+        if self.cache is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.cache.put, key, data)
+        return data
+
+    def _read_sync(self, fs: Any, url: str, path: str, start: int | None, end: int | None,
+                   key: str) -> bytes:
+        data = self._run_sync(url, lambda: fs.cat_file(path, start=start, end=end))
+        self.stats.add("bytes", len(data))
+        if self.cache is not None and not is_local(url):
+            self.cache.put(key, data)
+        return data
+
+    def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
+        """The bytes of ``url`` (or of ``[start, end)``), with retries."""
+        return self.submit(url, start, end).result()
+
+    def size(self, url: str) -> int:
+        return int(self.call(url, "size"))
+
+    def glob(self, url: str) -> list[str]:
+        """Files matching ``url`` (a glob: ``*``, ``?``, ``[...]``, ``**``), sorted, as full URLs
+        (plain paths when local).
+
+        One recursive listing under the glob's fixed prefix (on S3 a flat, paginated listing:
+        one request per 1000 keys, not one per folder), matched against the pattern. Unlike
+        fsspec's ``glob``, a folder that fails to list is an error (retried when transient),
+        never silently left out.
+
+        Raises:
+            SourceError: nothing matches (naming the URL, and a missing bucket or folder).
+        """
+        fs, path = self.resolve(url)
+        magic = re.search(r"[*?\[]", path)
+        if magic is None:
+            try:
+                info = self.call(url, "info")
+            except SampleError as exc:
+                if exc.__cause__ is None or classify(exc.__cause__) != NOT_FOUND:
+                    raise SourceError(str(exc)) from exc.__cause__
+                info = {"type": "directory"}  # nothing there: said below
+            files = [path] if info.get("type") != "directory" else []
+        else:
+            root = path[:magic.start()].rsplit("/", 1)[0] if "/" in path[:magic.start()] else ""
+            root_url = url[:len(url) - len(path)] + root if not is_local(url) else root
+            pattern = re.compile(glob_translate(path))
+            kwargs: dict[str, Any] = {"detail": True}
+            if _walks(fs):
+                kwargs["on_error"] = "raise"  # fsspec's walk leaves failed folders out by default
+            try:
+                # a listing is a request per 1000 keys: each has the socket timeouts, the
+                # whole has none (a big bucket takes long)
+                found = self.call(root_url or url, "find", name=url, timeout=None, **kwargs)
+            except SampleError as exc:  # listing a folder is not about one sample
+                if exc.__cause__ is None or classify(exc.__cause__) != NOT_FOUND:
+                    raise SourceError(str(exc)) from exc.__cause__
+                found = {}  # no such folder: said below
+            files = sorted(p for p, info in found.items()
+                           if info.get("type") != "directory" and pattern.match(p))
+        if files:
+            return [_full_url(fs, p, url) for p in files]
+        root = re.split(r"[*?\[]", url, maxsplit=1)[0].rsplit("/", 1)[0] or url
+        try:
+            exists = bool(self.call(root, "exists"))
+        except SourceError:
+            raise
+        except Exception:  # only for a better message; the listing itself said nothing matched
+            exists = True
+        where = f" ({redact(root, self.options)} does not exist)" if not exists else ""
+        raise SourceError(f"no file matches {redact(url, self.options)!r}{where}; check the "
+                          "path, the glob and the bucket")
+
+    def open_sequential(self, url: str, *, offset: int = 0, block_size: int = 8 << 20,
+                        read_ahead: int = 2) -> Any:
+        """A reader for reading ``url`` front to back from ``offset``: ``read(n)``, ``seek``,
+        ``tell``, ``close``. Local files are opened directly; remote ones are read in blocks of
+        ``block_size``, ``read_ahead`` blocks in flight, each with the retry policy."""
+        if is_local(url):
+            try:
+                f = open(url.removeprefix("file://"), "rb", buffering=1 << 20)
+            except OSError as exc:
+                raise self.error(url, exc) from exc
+            f.seek(offset)
+            return f
+        return _BlockReader(self, url, offset=offset, block_size=block_size, read_ahead=read_ahead)
+
+    def open_sequential_async(self, url: str, **kwargs: Any) -> cf.Future:
+        """``open_sequential`` on a background thread: a future of the reader (its size and
+        first blocks requested meanwhile)."""
+        return self._pool_get().submit(self.open_sequential, url, **kwargs)
+
+    # -- writes (conveyor pack)
+    def put_file(self, local_path: str, url: str) -> None:
+        """Upload a local file to ``url`` whole, retried as a whole on transient failures."""
+        if is_local(url):
+            os.makedirs(os.path.dirname(os.path.abspath(url)) or ".", exist_ok=True)
+            os.replace(local_path, url)
+            return
+        fs, path = self.resolve(url)
+        self._run_sync(url, lambda: fs.put_file(local_path, path))
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _BlockReader:
+    """Sequential reads of a remote object in aligned blocks, the next ones read ahead.
+
+    Block ``k`` is the request for bytes ``[k*B, (k+1)*B)`` (the server answers the last one
+    short). The object's size and the first block are requested together, so opening costs
+    one round trip.
+    """
+
+    def __init__(self, storage: Storage, url: str, *, offset: int, block_size: int, read_ahead: int):
+        if block_size <= 0 or read_ahead < 0:
+            raise ValueError(f"{block_size=} must be > 0 and {read_ahead=} >= 0")
+        self.url = url
+        self._st = storage
+        self._bs = block_size
+        self._ahead = read_ahead
+        self._pos = offset
+        self._buf = memoryview(b"")
+        self._buf_start = 0
+        self._pending: dict[int, cf.Future] = {}
+        first = offset - offset % block_size
+        size = storage.submit_call(url, "size")
+        self._pending[first] = storage.submit(url, first, first + block_size)
+        try:
+            self.size = int(size.result())
+        except BaseException:
+            self.close()
+            raise
+        self._requested_to = min(first + block_size, self.size)
+        if first >= self.size:  # at or past the end (an empty object answers 416): not needed
+            self.close()
+        else:
+            self._schedule(first)
+
+    @property
+    def all_requested(self) -> bool:
+        """Whether every block up to the end of the object has been requested."""
+        return self._requested_to >= self.size
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int) -> int:
+        self._pos = pos
+        return pos
+
+    def _schedule(self, start: int) -> None:
+        for i in range(self._ahead + 1):
+            s = start + i * self._bs
+            if s < self.size and s not in self._pending and s >= self._buf_start + len(self._buf):
+                self._pending[s] = self._st.submit(self.url, s, s + self._bs)
+                self._requested_to = max(self._requested_to, min(s + self._bs, self.size))
+
+    def _block(self, start: int) -> memoryview:
+        self._schedule(start)
+        if start not in self._pending:  # read before (the buffer moved past it): read again
+            self._pending[start] = self._st.submit(self.url, start, start + self._bs)
+        for s in [s for s in self._pending if s < start]:  # a seek jumped past them
+            self._pending.pop(s).cancel()
+        return memoryview(self._pending.pop(start).result())
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            n = self.size - self._pos
+        parts = []
+        while n > 0 and self._pos < self.size:
+            i = self._pos - self._buf_start
+            if not 0 <= i < len(self._buf):
+                start = self._pos - self._pos % self._bs
+                self._buf, self._buf_start = self._block(start), start
+                i = self._pos - start
+                if i >= len(self._buf):  # the object is shorter than its size said
+                    raise SampleError(f"{redact(self.url, self._st.options)}: object ended at byte "
+                                      f"{start + len(self._buf)}, expected {self.size} bytes")
+            chunk = self._buf[i:i + n]
+            parts.append(chunk)
+            self._pos += len(chunk)
+            n -= len(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        for fut in self._pending.values():
+            fut.cancel()
+        self._pending.clear()
+        self._buf = memoryview(b"")

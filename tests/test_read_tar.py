@@ -1,0 +1,181 @@
+"""read_tar and conveyor pack on local disk: layout, determinism, tar variants, mid-shard resume."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from torchdata.nodes import IterableWrapper
+
+from conveyor import SampleError, SourceError, load_graph
+from conveyor.errors import ConveyorError
+from conveyor.nodes.list_files import ListFiles
+from conveyor.nodes.read_tar import ReadTar
+from conveyor.pack import add_parser, pack, run
+from conveyor.storage import parse_size
+from resume_check import check_resume, run_with_states
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "examples/data/imagenet-sample/train"
+SPEC = ROOT / "specs/imagenet-shards.yaml"
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("shards") / "train"
+    pack(str(SAMPLE), str(out), shard_size="1MB")
+    return out
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]], fmt: int = tarfile.GNU_FORMAT,
+         dirs: tuple[str, ...] = ()) -> None:
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for d in dirs:
+            info = tarfile.TarInfo(d)
+            info.type = tarfile.DIRTYPE
+            tf.addfile(info)
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def test_pack_layout_index_and_fixed_headers(shards: Path) -> None:
+    index = json.loads((shards / "index.json").read_text())
+    files = sorted(SAMPLE.glob("*/*.JPEG"))
+    assert index["samples"] == len(files) == sum(s["samples"] for s in index["shards"])
+    assert index["classes"] == sorted(p.name for p in SAMPLE.iterdir())
+    assert [s["name"] for s in index["shards"]] == sorted(p.name for p in shards.glob("*.tar"))
+    assert len(index["shards"]) >= 5 and all(s["bytes"] <= 1_000_000 + 10240 for s in index["shards"])
+    assert [s["first"] for s in index["shards"]][1] == index["shards"][0]["samples"]
+    with tarfile.open(shards / "shard-000000.tar") as tf:
+        members = tf.getmembers()
+        first = files[0]
+        assert members[0].name == first.stem + ".jpg" and members[1].name == first.stem + ".cls"
+        assert tf.extractfile(members[0]).read() == first.read_bytes()
+        assert tf.extractfile(members[1]).read() == b"0"
+        assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, 0, "", "", 0o644)}
+
+
+def test_pack_is_deterministic_and_refuses_to_overwrite(shards: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again"
+    pack(str(SAMPLE), str(again), shard_size="1MB")
+    assert sorted(p.name for p in again.iterdir()) == sorted(p.name for p in shards.iterdir())
+    for p in shards.iterdir():
+        assert (again / p.name).read_bytes() == p.read_bytes(), p.name
+    with pytest.raises(ConveyorError, match="already holds 6 shard"):
+        pack(str(SAMPLE), str(again), shard_size="1MB")
+    pack(str(SAMPLE), str(again), shard_size="4MB", overwrite=True)
+    assert len(list(again.glob("*.tar"))) == 2
+
+
+def test_pack_command_line(tmp_path: Path, capsys) -> None:
+    parser = argparse.ArgumentParser(prog="conveyor")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["pack", str(SAMPLE), str(tmp_path / "out"), "--shard-size", "2MB"])
+    assert args.func is run and run(args) == 0
+    out = capsys.readouterr().out
+    assert "packed 200 samples of 10 classes into 3 shard(s)" in out
+    with pytest.raises(SourceError, match="no file matches"):
+        run(parser.parse_args(["pack", str(tmp_path / "nothing"), str(tmp_path / "o2")]))
+    with pytest.raises(SystemExit, match="shard-size"):
+        run(parser.parse_args(["pack", str(SAMPLE), str(tmp_path / "o3"), "--shard-size", "big"]))
+
+
+def test_pack_refuses_keys_that_collide(tmp_path: Path) -> None:
+    for cls in ("a", "b"):
+        (tmp_path / "src" / cls).mkdir(parents=True)
+        (tmp_path / "src" / cls / "same.jpg").write_bytes(b"x")
+    with pytest.raises(ConveyorError, match="would share the key 'same'"):
+        pack(str(tmp_path / "src"), str(tmp_path / "dst"))
+
+
+def test_read_tar_yields_every_sample_with_its_bytes_label_and_stable_index(shards: Path) -> None:
+    files = sorted(SAMPLE.glob("*/*.JPEG"))
+    classes = sorted(p.name for p in SAMPLE.iterdir())
+    index = json.loads((shards / "index.json").read_text())
+    samples = list(ReadTar(ListFiles(url=f"{shards}/*.tar")))
+    assert [s["__key__"] for s in samples] == [f.stem for f in files]
+    assert all(s["jpg"] == f.read_bytes() for s, f in zip(samples, files))
+    assert [s["cls"] for s in samples] == [classes.index(f.parent.name) for f in files]
+    expected = [i * 1_000_000 + pos for i, shard in enumerate(index["shards"]) for pos in range(shard["samples"])]
+    assert [s["index"] for s in samples] == expected
+    assert samples[0]["__url__"].endswith("shard-000000.tar")
+    # the index belongs to the shard (its listing position), not to the reading order
+    shuffled = list(ReadTar(ListFiles(url=f"{shards}/*.tar", shuffle=True, seed=3)))
+    assert sorted(s["index"] for s in shuffled) == expected
+    assert {s["index"]: s["__key__"] for s in shuffled} == {s["index"]: s["__key__"] for s in samples}
+
+
+def test_read_tar_resumes_from_every_item_mid_shard(shards: Path) -> None:
+    node = ReadTar(ListFiles(url=f"{shards}/*.tar"))
+    node.reset()
+    reference, states = [], [node.state_dict()]
+    for item in node:
+        reference.append(item["index"])
+        states.append(json.loads(json.dumps(node.state_dict())))
+    assert any(s["offset"] > 0 and s["pos"] > 0 for s in states)
+    for k in range(0, len(states), 7):
+        fresh = ReadTar(ListFiles(url=f"{shards}/*.tar"))
+        fresh.reset(states[k])
+        assert [item["index"] for item in fresh] == reference[k:], k
+
+
+def test_read_tar_reads_long_names_pax_headers_and_skips_directories(tmp_path: Path) -> None:
+    long_key = "d/" + "x" * 150
+    _tar(tmp_path / "gnu.tar", [(long_key + ".jpg", b"J1"), (long_key + ".cls", b" 7\n"),
+                                ("d/short.txt", b"t"), ("README", b"no field: not a sample")],
+         dirs=("d/",))
+    _tar(tmp_path / "pax.tar", [("é/" + "y" * 120 + ".png", b"P"), ("é/" + "y" * 120 + ".cls", b"x")],
+         fmt=tarfile.PAX_FORMAT)
+    out = list(ReadTar(IterableWrapper([str(tmp_path / "gnu.tar"), str(tmp_path / "pax.tar")])))
+    assert [(s["__key__"], sorted(k for k in s if not k.startswith("__"))) for s in out] == [
+        (long_key, ["cls", "index", "jpg"]), ("d/short", ["index", "txt"]),
+        ("é/" + "y" * 120, ["cls", "index", "png"])]
+    assert out[0]["cls"] == 7 and out[2]["cls"] == b"x"  # not a number: left as bytes
+    assert [s["index"] for s in out] == [0, 1, 1_000_000]  # records without an index: shard count
+
+
+def test_corrupt_or_missing_shard_raises_naming_it_or_is_skipped(tmp_path: Path, shards: Path) -> None:
+    good = (shards / "shard-000000.tar").read_bytes()
+    (tmp_path / "a-cut.tar").write_bytes(good[:300_000])
+    (tmp_path / "b-junk.tar").write_bytes(b"not a tar" * 100)
+    (tmp_path / "c-good.tar").write_bytes(good)
+    with pytest.raises(SampleError, match=r"a-cut\.tar: truncated member"):
+        list(ReadTar(ListFiles(url=f"{tmp_path}/*.tar")))
+    node = ReadTar(ListFiles(url=f"{tmp_path}/*.tar"), on_error="skip")
+    out = list(node)
+    assert node.stats()["skipped_shards"] == 2
+    assert len(out) == 38 + sum(1 for s in out if s["__url__"].endswith("a-cut.tar"))
+    with pytest.raises(SampleError, match=r"b-junk\.tar: not a tar archive, or corrupt at byte 0"):
+        list(ReadTar(IterableWrapper([str(tmp_path / "b-junk.tar")])))
+    with pytest.raises(SampleError, match=r"missing\.tar: no such object"):
+        list(ReadTar(IterableWrapper([str(tmp_path / "missing.tar")])))
+
+
+def test_imagenet_shards_spec_resumes_exactly_mid_shard(shards: Path) -> None:
+    def make():
+        return load_graph(SPEC, root=str(shards), batch_size=16, image_size=32, shuffle_window=8)
+
+    with make() as loader:
+        batches, states = run_with_states(loader, 2)
+        assert loader.stats()["nodes"]["samples"]["items"] == 200
+    assert len(batches) == 24
+    offsets = [s["graph"] for s in states]
+    assert any('"offset": 0' not in json.dumps(g) for g in offsets)
+    check_resume(make, epochs=2, steps=[0, 1, 5, 11, 12, 13, 19, 23, 24])
+
+
+def test_parse_size() -> None:
+    assert parse_size("256MB") == 256_000_000
+    assert parse_size("1GiB") == 1 << 30
+    assert parse_size("1.5k") == 1500
+    assert parse_size(4096) == 4096
+    with pytest.raises(ValueError, match="expected a size"):
+        parse_size("lots")

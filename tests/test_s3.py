@@ -1,0 +1,229 @@
+"""Object storage against a real S3 server (moto, on loopback): the same batches as local disk,
+exact mid-shard resume, pack to and from S3, the local cache, and secrets kept secret."""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from pathlib import Path
+
+import pytest
+
+from torchdata.nodes import IterableWrapper
+
+from conveyor import SampleError, load_graph
+from conveyor.cli import main as cli_main
+from conveyor.nodes.fetch import Fetch
+from conveyor.nodes.list_files import ListFiles
+from conveyor.nodes.read_tar import ReadTar
+from conveyor.pack import pack
+from resume_check import check_resume, fingerprint, run_with_states
+from s3_server import moto_server, s3  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "examples/data/imagenet-sample/train"
+SMALL = {"batch_size": 16, "image_size": 32}
+SECRET = "SeCrEt-9f27c1d4-do-not-leak"
+
+FETCH_SPEC = """\
+params:
+  root: {root}
+  batch_size: 16
+  image_size: 32
+  seed: 0
+nodes:
+  files:   {{op: list_files, url: "${{root}}/*/*.JPEG", label: parent_dir, shuffle: true{options}}}
+  shard:   {{op: shard, by: [rank, worker]}}
+  shuffle: {{op: shuffle_buffer, size: 10000}}   # as specs/imagenet.yaml
+  fetch:   {{op: fetch, concurrency: 8{options}}}
+  decode:  {{op: map, fn: "conveyor.image:train_transform", args: {{size: "${{image_size}}"}}, workers: 2}}
+  batch:   {{op: batch, size: "${{batch_size}}", drop_last: true}}
+  collate: {{op: collate}}
+output: collate
+"""
+
+
+def fetch_spec(tmp_path: Path, root: str, options: dict | None = None) -> Path:
+    extra = f", storage_options: {json.dumps(options)}" if options else ""
+    path = tmp_path / "fetch.yaml"
+    path.write_text(FETCH_SPEC.format(root=root, options=extra))
+    return path
+
+
+def batches(spec: Path | str, epochs: int = 1, **overrides) -> list:
+    out = []
+    with load_graph(spec, **overrides) as loader:
+        for _ in range(epochs):
+            out += [fingerprint(b) for b in loader]
+    return out
+
+
+def read_tar_state(state: dict) -> dict:
+    """The read_tar node's own state inside a loader state."""
+    stack = [state]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, dict):
+            if {"source", "offset", "pos", "shards"} <= set(obj):
+                return obj
+            stack.extend(obj.values())
+    raise AssertionError("no read_tar state found")
+
+
+@pytest.fixture(scope="module")
+def local_shards(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("shards") / "train"
+    pack(str(SAMPLE), str(out), shard_size="1MB")
+    return out
+
+
+def test_loose_files_on_s3_give_the_same_batches_as_local_disk(s3, tmp_path: Path) -> None:
+    root = s3.upload(SAMPLE, "imagenet/train")
+    local = batches(ROOT / "specs/imagenet.yaml", root=str(SAMPLE), **SMALL)
+    assert len(local) == 12
+    # the bundled spec as it is: decode reads s3:// paths itself
+    assert batches(ROOT / "specs/imagenet.yaml", root=root, **SMALL) == local
+    # with a fetch node in front of decode: concurrent reads, same batches
+    assert batches(fetch_spec(tmp_path, str(SAMPLE))) == local
+    spec = fetch_spec(tmp_path, root)
+    with load_graph(spec) as loader:
+        assert [fingerprint(b) for b in loader] == local
+        stats = loader.stats()["nodes"]["fetch"]
+    assert stats["items"] == 200 and stats["requests"] == 200 and stats["retries"] == 0
+    assert stats["bytes"] == sum(p.stat().st_size for p in SAMPLE.glob("*/*.JPEG"))
+
+
+def test_shards_on_s3_give_the_same_batches_as_local_disk(s3, local_shards: Path) -> None:
+    root = s3.upload(local_shards, "shards/train")
+    spec = ROOT / "specs/imagenet-shards.yaml"
+    local = batches(spec, epochs=2, root=str(local_shards), **SMALL)
+    assert len(local) == 24
+    with load_graph(spec, root=root, **SMALL) as loader:
+        remote = [fingerprint(b) for _ in range(2) for b in loader]
+        stats = loader.stats()["nodes"]["samples"]
+    assert remote == local
+    # six shards of ~1 MB: one size request and one block each, not one request per image
+    assert stats["requests"] == 12 and stats["retries"] == 0
+
+
+def test_exact_mid_shard_resume_from_s3(s3, local_shards: Path) -> None:
+    root = s3.upload(local_shards, "shards/train")
+
+    def make():
+        return load_graph(ROOT / "specs/imagenet-shards.yaml", root=root, shuffle_window=8, **SMALL)
+
+    with make() as loader:
+        _, states = run_with_states(loader, 2)
+    steps = [1, 6, 12, 13, 23]
+    assert all(read_tar_state(states[k])["offset"] > 0 for k in steps), "steps must be mid-shard"
+    assert check_resume(make, epochs=2, steps=steps) == 24
+
+
+def test_pack_to_and_from_s3_gives_the_same_bytes(s3, local_shards: Path, tmp_path: Path) -> None:
+    dst = s3.url("packed/train")
+    index = pack(str(SAMPLE), dst, shard_size="1MB")
+    keys = sorted(o["Key"] for o in s3.client.list_objects_v2(Bucket=s3.bucket, Prefix="packed/")["Contents"])
+    assert keys == sorted(f"packed/train/{p.name}" for p in local_shards.iterdir())
+    for p in local_shards.iterdir():
+        body = s3.client.get_object(Bucket=s3.bucket, Key=f"packed/train/{p.name}")["Body"].read()
+        assert body == p.read_bytes(), p.name
+    src = s3.upload(SAMPLE, "loose/train")
+    back = tmp_path / "back"
+    assert pack(src, str(back), shard_size="1MB") == index
+    for p in local_shards.iterdir():
+        assert (back / p.name).read_bytes() == p.read_bytes(), p.name
+
+
+def test_local_cache_serves_the_second_epoch_and_stays_bounded(s3, tmp_path: Path) -> None:
+    root = s3.upload(SAMPLE / "n01440764", "cls0")
+    cache = tmp_path / "cache"
+    node = Fetch(ListFiles(url=f"{root}/*.JPEG"), concurrency=4, cache=str(cache), cache_size="10MB")
+    first = list(node)
+    assert node.stats()["requests"] == len(first) == 20
+    node.reset()
+    assert [x["bytes"] for x in node] == [x["bytes"] for x in first]
+    assert node.stats()["cache_hits"] == 20 and node.stats()["requests"] == 0
+    node.close()
+    small = Fetch(ListFiles(url=f"{root}/*.JPEG"), concurrency=4, cache=str(tmp_path / "small"),
+                  cache_size="100kB")
+    assert len(list(small)) == 20
+    small.close()
+    assert sum(p.stat().st_size for p in (tmp_path / "small").iterdir()) <= 100_000
+
+
+def test_secrets_stay_out_of_logs_errors_show_output_and_state(s3, tmp_path: Path, caplog, capsys,
+                                                               monkeypatch) -> None:
+    root = s3.upload(SAMPLE / "n01440764", "secret/train/n01440764")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # the endpoint and keys come from the spec alone
+    options = {"endpoint_url": s3.server.endpoint, "key": "AKIATESTKEY", "secret": SECRET,
+               "client_kwargs": {"aws_secret_access_key": SECRET}}
+    spec = fetch_spec(tmp_path, s3.url("secret/train"), options)
+    caplog.set_level(logging.DEBUG)
+    seen: list[str] = []
+    with load_graph(spec, batch_size=4) as loader:
+        for _ in loader:
+            pass
+        seen.append(json.dumps(loader.state_dict()))
+        seen.append(json.dumps(loader.stats()))
+        seen.append(repr(loader.nodes))
+    assert cli_main(["show", str(spec)]) == 0
+    assert cli_main(["show", str(spec), "--format", "dot"]) == 0
+    # a failing read carries the options: its message, notes and traceback must not
+    missing = fetch_spec(tmp_path, root.replace("/secret/", "/nothing-here/"), options)
+    missing.write_text(missing.read_text().replace("*/*.JPEG", "*.JPEG"))
+    with pytest.raises(Exception) as info:
+        batches(missing)
+    seen.append("".join(traceback.format_exception(info.value)))
+    bad = Fetch(IterableWrapper([{"path": root + "/absent.JPEG"}]), storage_options=options)
+    with pytest.raises(SampleError, match="absent.JPEG: no such object") as info2:
+        next(bad)
+    bad.close()
+    seen.append("".join(traceback.format_exception(info2.value)) + repr(bad) + repr(bad.storage))
+    out = capsys.readouterr()
+    seen += [out.out, out.err, caplog.text]
+    assert "fetch: fetch" in out.out  # show printed the graph
+    leaks = [i for i, text in enumerate(seen) if SECRET in text]
+    assert leaks == [], f"the secret appears in {leaks}"
+    assert caplog.records, "expected some debug logging to check"
+
+
+def test_read_tar_on_s3_resumes_from_every_sample_while_opening_the_next_shard(s3, local_shards) -> None:
+    root = s3.upload(local_shards, "shards/train")
+
+    def make() -> ReadTar:  # 1 MB shards in 256 kB blocks: mid-shard, mid-block, next shard opening
+        return ReadTar(ListFiles(url=f"{root}/*.tar", shuffle=True), block_size=256 << 10, read_ahead=1)
+
+    node = make()
+    node.reset()
+    reference, states = [], [json.loads(json.dumps(node.state_dict()))]
+    for item in node:
+        reference.append((item["index"], item["jpg"]))
+        states.append(json.loads(json.dumps(node.state_dict())))
+    node.close()
+    assert len(reference) == 200 and len({i for i, _ in reference}) == 200
+    for k in range(0, len(states), 9):
+        fresh = make()
+        fresh.reset(states[k])
+        assert [(x["index"], x["jpg"]) for x in fresh] == reference[k:], k
+        fresh.close()
+
+
+def test_a_secret_given_through_a_spec_param_is_not_shown(tmp_path: Path, capsys) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"""params:
+  root: {SAMPLE}
+  s3_secret: {SECRET}
+nodes:
+  files: {{op: list_files, url: "${{root}}/*/*.JPEG", storage_options: {{secret: "${{s3_secret}}"}}}}
+  fetch: {{op: fetch, storage_options: {{secret: "${{s3_secret}}"}}}}
+output: fetch
+""")
+    assert cli_main(["show", str(spec)]) == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f'nodes:\n  f: {{op: list_files, url: "x/*", storage_options: "{SECRET}"}}\n')
+    assert cli_main(["validate", str(bad)]) == 1
+    out = capsys.readouterr()
+    assert SECRET not in out.out + out.err
