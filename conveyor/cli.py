@@ -1,12 +1,19 @@
-"""The ``conveyor`` command: run, validate and show a spec.
+"""The ``conveyor`` command: run, validate, show, bench and tune a spec.
 
-    conveyor run SPEC [--set k=v ...] [--epochs N] [--steps N]
+    conveyor run SPEC [--set k=v ...] [--params FILE] [--epochs N] [--steps N] [--trace FILE]
     conveyor validate SPEC [--set k=v ...]
     conveyor show SPEC [--format text|dot|mermaid] [--set k=v ...]
+    conveyor bench SPEC [--seconds N] [--step-time MS] [--set k=v ...] [--trace FILE]
+    conveyor tune SPEC --param workers=1,2,4,8 [--param k=a,b] [--seconds N] [--write FILE]
+    conveyor pack SRC DST [--shard-size 256MB]          (conveyor/pack.py)
 
 ``validate`` prints every problem as ``file:line:col: node 'x' (op): message`` and exits 1,
 or prints ``ok`` and the nodes and exits 0. Spec errors exit 1 from every command; bad
-command-line usage exits 2.
+command-line usage exits 2. ``run`` prints each node's counts (stdout) and where the time
+went (stderr); ``bench`` prints a table per node, names the node that limits the graph and
+estimates the memory its buffers hold; ``tune`` sweeps params and picks the knee of the
+throughput curve. ``--params FILE`` reads overrides from a YAML mapping (``tune --write``
+makes one); ``--set`` wins over it.
 """
 
 from __future__ import annotations
@@ -20,45 +27,53 @@ import sys
 import time
 from typing import Any, Sequence
 
+import yaml
+
+from conveyor.bench import Meter, batch_len, find_bottleneck, node_rows, node_table, pct
 from conveyor.errors import ConveyorError, SpecErrors
 from conveyor.graphs.api import check_spec, read_spec
 from conveyor.graphs.compile import compile_plan, node_params
 from conveyor.graphs.loader import Loader
 from conveyor.graphs.params import parse_set
 from conveyor.graphs.validate import Plan
+from conveyor.graphs.yaml_loader import Located
 
-
-def batch_len(batch: Any) -> int:
-    """Samples in a batch: the leading dim of its first tensor, or its length."""
-    first = batch
-    while isinstance(first, (dict, list, tuple)) and not hasattr(first, "shape"):
-        if isinstance(first, dict):
-            if not first:
-                return 0
-            first = next(iter(first.values()))
-        elif isinstance(first, (list, tuple)):
-            if not first or not isinstance(first[0], (dict, list, tuple)) and not hasattr(first[0], "shape"):
-                return len(first)
-            if isinstance(batch, list) and first is batch:
-                return len(first)
-            first = first[0]
-    shape = getattr(first, "shape", None)
-    return int(shape[0]) if shape else 1
+__all__ = ["batch_len", "build_parser", "main"]  # batch_len lives in conveyor.bench now
 
 
 class UsageError(Exception):
     """A mistake on the command line itself (exit status 2, like argparse's own)."""
 
 
-def _plan(args: argparse.Namespace) -> Plan:
-    """Read the spec, parse ``--set`` against its declared params, and check the whole spec."""
-    doc = read_spec(args.spec)
+def _declared(doc: Located) -> dict[str, Any] | None:
     declared = doc.data.get("params") if isinstance(doc.data, dict) else None
+    return declared if isinstance(declared, dict) else None
+
+
+def _overrides(args: argparse.Namespace, doc: Located) -> dict[str, Any]:
+    """``--params FILE`` values, then ``--set`` values over them."""
+    overrides: dict[str, Any] = {}
+    if getattr(args, "params", None):
+        with open(args.params, encoding="utf-8") as f:
+            try:
+                data = yaml.safe_load(f)
+            except yaml.YAMLError as exc:
+                raise UsageError(f"--params {args.params}: not YAML: {exc}") from None
+        if data is not None and not isinstance(data, dict):
+            raise UsageError(f"--params {args.params}: expected a mapping of param: value, "
+                             f"got {type(data).__name__}")
+        overrides.update({str(k): v for k, v in (data or {}).items()})
     try:
-        overrides = parse_set(args.set or [], declared if isinstance(declared, dict) else None)
+        overrides.update(parse_set(args.set or [], _declared(doc)))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return check_spec(doc, overrides)
+    return overrides
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    """Read the spec, parse ``--params`` and ``--set`` against its declared params, check it all."""
+    doc = read_spec(args.spec)
+    return check_spec(doc, _overrides(args, doc))
 
 
 def _fmt_params(params: dict[str, Any]) -> str:
@@ -130,10 +145,42 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hide_secrets(text: str, plan: Plan) -> str:
+    """``text`` with the values given to secret params (storage_options), wherever they came
+    from (a spec param, --set), replaced by ***."""
+    from conveyor.graphs.compile import SECRET_PARAMS
+    from conveyor.storage import redact, secret_values
+
+    for node in plan.nodes.values():
+        for name in SECRET_PARAMS:
+            value = node.raw.get(name)
+            secrets = secret_values(value) if isinstance(value, dict) else (
+                {value} if isinstance(value, str) and len(value) >= 4 else set())
+            for secret in sorted(secrets, key=len, reverse=True):
+                text = text.replace(secret, "***")
+    return redact(text)
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     plan = _plan(args)
-    print({"text": show_text, "dot": show_dot, "mermaid": show_mermaid}[args.format](plan))
+    text = {"text": show_text, "dot": show_dot, "mermaid": show_mermaid}[args.format](plan)
+    print(_hide_secrets(text, plan))
     return 0
+
+
+def _trace_recorder(args: argparse.Namespace) -> Any:
+    if not getattr(args, "trace", None):
+        return None
+    from conveyor.trace import TraceRecorder
+
+    return TraceRecorder()
+
+
+def _write_trace(recorder: Any, path: str) -> None:
+    recorder.detach()
+    n = recorder.write(path)
+    print(f"trace: {n} spans written to {path} (open it in ui.perfetto.dev or chrome://tracing)",
+          file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -141,8 +188,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     plan = _plan(args)
     batches = samples = 0
+    recorder = _trace_recorder(args)
     t0 = time.perf_counter()
     with Loader(compile_plan(plan)) as loader:
+        meter = Meter(loader)
+        if recorder is not None:
+            recorder.attach(loader)
         with tqdm(total=args.steps, unit="batch", disable=args.quiet, file=sys.stderr,
                   dynamic_ncols=True) as bar:
             for _ in range(args.epochs):
@@ -156,15 +207,82 @@ def cmd_run(args: argparse.Namespace) -> int:
                     bar.update(1)
                     if args.steps and batches >= args.steps:
                         break
+                meter.fold()
                 if args.steps and batches >= args.steps:
                     break
         elapsed = time.perf_counter() - t0
         stats = loader.stats()
+        rows = node_rows(loader, meter.raws, elapsed)
+        root = meter.raws.get(plan.output, {}).get("seconds", 0.0)
     for name, entry in stats["nodes"].items():
-        extra = ", ".join(f"{k} {v}" for k, v in entry.items() if k not in ("op", "items"))
+        extra = ", ".join(f"{k} {v}" for k, v in entry.items() if k not in ("op", "items", "perf"))
         print(f"  {name:<12} {entry['op']:<15} {entry['items']:>9} items" + (f"  ({extra})" if extra else ""))
     print(f"done: {batches} batches, {samples} samples, {loader.epoch + 1} epoch(s) in {elapsed:.2f} s "
           f"({batches / elapsed:,.1f} batches/s, {samples / elapsed:,.1f} samples/s)")
+    sys.stdout.flush()
+    _, sentence = find_bottleneck(rows, elapsed)
+    print(f"where the time went ({elapsed:.2f} s, all epochs; the loop waited for data "
+          f"{pct(root / elapsed if elapsed > 0 else 0.0)} of the time):\n{node_table(rows, sizes=False)}\n{sentence}.",
+          file=sys.stderr)
+    if recorder is not None:
+        _write_trace(recorder, args.trace)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from conveyor.bench import format_report, run_bench
+
+    if args.seconds <= 0:
+        raise UsageError(f"--seconds must be > 0, got {args.seconds}")
+    if args.step_time is not None and args.step_time < 0:
+        raise UsageError(f"--step-time must be >= 0 (milliseconds), got {args.step_time}")
+    plan = _plan(args)
+    recorder = _trace_recorder(args)
+    result = run_bench(plan, seconds=args.seconds, warmup=args.warmup,
+                       step_time=(args.step_time or 0.0) / 1000.0,
+                       on_loader=recorder.attach if recorder is not None else None)
+    print(format_report(result))
+    if recorder is not None:
+        _write_trace(recorder, args.trace)
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from conveyor import tune
+
+    if args.seconds <= 0:
+        raise UsageError(f"--seconds must be > 0, got {args.seconds}")
+    doc = read_spec(args.spec)
+    base = _overrides(args, doc)
+    try:
+        grid = tune.parse_grid(args.param, _declared(doc) or {})
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    clash = sorted(set(grid) & set(base))
+    if clash:
+        raise UsageError(f"{', '.join(clash)}: given both to --param (swept) and --set/--params (fixed)")
+    n = len(tune.settings(grid))
+    print(f"tune {args.spec}: {n} setting(s), about {args.seconds:g} s each after a warm-up")
+
+    def progress(p: Any) -> None:
+        print(f"  {', '.join(f'{k}={v}' for k, v in p.params.items())}: {p.samples_per_s:,.1f} samples/s "
+              f"({p.seconds:.1f} s)", flush=True)
+
+    points = tune.sweep(doc, grid, base=base, seconds=args.seconds, warmup=args.warmup, progress=progress)
+    pick = tune.knee(points)
+    best = max(points, key=lambda p: p.samples_per_s)
+    print()
+    print(tune.format_curve(points, pick))
+    print()
+    share = pick.samples_per_s / best.samples_per_s if best.samples_per_s else 0.0
+    print(f"pick (the cheapest setting within {tune.TOLERANCE:.0%} of the best): {tune.set_args(pick.params)}  "
+          f"({pick.samples_per_s:,.1f} samples/s, {share:.0%} of the best)")
+    if args.write:
+        header = (f"conveyor tune {args.spec}: {pick.samples_per_s:,.1f} samples/s, {share:.0%} of the best "
+                  f"measured\nuse: conveyor run {args.spec} --params {args.write}")
+        with open(args.write, "w", encoding="utf-8") as f:
+            f.write(tune.params_yaml(pick.params, header))
+        print(f"wrote {args.write}")
     return 0
 
 
@@ -176,13 +294,35 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("spec", help="path of the YAML spec")
         p.add_argument("--set", action="append", metavar="K=V", help="override a spec param (repeatable)")
+        p.add_argument("--params", metavar="FILE", help="YAML mapping of param overrides (--set wins)")
 
     run = sub.add_parser("run", help="run the graph and report throughput")
     common(run)
     run.add_argument("--epochs", type=int, default=1, help="epochs to run (default 1)")
     run.add_argument("--steps", type=int, default=None, help="stop after this many batches")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--trace", metavar="FILE", help="write a Chrome trace of per-node spans (bounded)")
     run.set_defaults(func=cmd_run)
+
+    bench = sub.add_parser("bench", help="run the graph with no model: where the time goes, the bottleneck")
+    common(bench)
+    bench.add_argument("--seconds", type=float, default=10.0, help="seconds measured (default 10)")
+    bench.add_argument("--warmup", type=float, default=None,
+                       help="seconds before measuring (default: a quarter of --seconds, at most 3)")
+    bench.add_argument("--step-time", type=float, default=None, metavar="MS",
+                       help="simulate a trainer taking MS milliseconds per batch")
+    bench.add_argument("--trace", metavar="FILE", help="write a Chrome trace of per-node spans (bounded)")
+    bench.set_defaults(func=cmd_bench)
+
+    tune = sub.add_parser("tune", help="sweep params and pick the knee of the throughput curve")
+    common(tune)
+    tune.add_argument("--param", action="append", required=True, metavar="K=V1,V2",
+                      help="a declared param and the values to try, cheapest first (repeatable)")
+    tune.add_argument("--seconds", type=float, default=5.0, help="seconds measured per setting (default 5)")
+    tune.add_argument("--warmup", type=float, default=None,
+                      help="seconds before measuring each setting (default: a quarter of --seconds, at most 2)")
+    tune.add_argument("--write", metavar="FILE", help="write the pick as a params file (for --params)")
+    tune.set_defaults(func=cmd_tune)
 
     val = sub.add_parser("validate", help="check the spec and list every problem")
     common(val)
@@ -192,6 +332,15 @@ def build_parser() -> argparse.ArgumentParser:
     common(show)
     show.add_argument("--format", choices=("text", "dot", "mermaid"), default="text")
     show.set_defaults(func=cmd_show)
+
+    # --- conveyor pack (conveyor/pack.py, another module's command): added when present ---
+    try:
+        from conveyor import pack
+    except ModuleNotFoundError as exc:
+        if exc.name != "conveyor.pack":
+            raise
+    else:
+        pack.add_parser(sub)
     return parser
 
 

@@ -1,8 +1,9 @@
 """Compile a checked ``Plan`` into torchdata nodes, in topological order.
 
-Each built node is wrapped in a ``Counted`` node that counts the items it emits for
-``loader.stats()`` without changing the state: ``Counted`` hands its inner node's state
-through unchanged, so a state is the same with or without instrumentation.
+Each built node is wrapped in a ``Counted`` node (graphs/instrument.py) that counts the
+items it emits and the time spent in it for ``loader.stats()`` without changing the state:
+``Counted`` hands its inner node's state through unchanged, so a state is the same with or
+without instrumentation.
 """
 
 from __future__ import annotations
@@ -15,42 +16,13 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from conveyor.graphs.instrument import Counted  # re-exported: compile.Counted
 from conveyor.graphs.ops import BuildContext
 from conveyor.graphs.validate import Plan
 from conveyor.nodes.copies import WorkerCopies
 from conveyor.nodes.shard import dist_rank_world
 
 SECRET_PARAMS = ("storage_options",)  # never in states, digests or `show` output
-
-
-class Counted(BaseNode):
-    """Pass-through that counts items; its state is its inner node's state.
-
-    The count runs for a whole epoch (the loader zeroes it), also across resets of the inner
-    node within the epoch.
-    """
-
-    def __init__(self, inner: BaseNode):
-        super().__init__()
-        self.inner = inner
-        self.items = 0
-
-    def reset(self, initial_state: dict | None = None) -> None:
-        super().reset(initial_state)
-        self.inner.reset(initial_state)
-
-    def next(self):
-        item = next(self.inner)
-        self.items += 1
-        return item
-
-    def get_state(self) -> dict:
-        return self.inner.state_dict()
-
-    def count(self) -> int | None:
-        """The inner node's items per epoch, when it knows them (see nodes/shard.py)."""
-        count = getattr(self.inner, "count", None)
-        return count() if callable(count) else None
 
 
 def plain(value: Any) -> Any:

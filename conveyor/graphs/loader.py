@@ -21,12 +21,15 @@ from typing import Any, Iterator
 
 from conveyor.errors import StateError
 from conveyor.graphs.compile import Compiled, digest, summary
+from conveyor.graphs.instrument import node_perf
 
 log = logging.getLogger(__name__)
 
 STATE_FORMAT = 1
 # params whose change leaves the data exactly the same (only speed or memory differ)
 SAFE_PARAMS = frozenset({"workers", "method", "mp_context", "depth", "snapshot_every", "enabled",
+                         "concurrency", "attempts", "timeout", "backoff", "backoff_max", "cache",
+                         "cache_size", "block_size", "read_ahead",
                          "device", "non_blocking"})
 
 
@@ -249,11 +252,22 @@ class Loader:
 
     # ----- stats and closing --------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Counts per node for the current epoch: items out, plus what each node counts itself
-        (``skipped`` for map with on_error: skip, ``filtered`` for filter)."""
+        """What each node did in the current epoch, as plain data.
+
+        Per node: its op, ``items`` out, what the node counts itself (``skipped`` for map with
+        on_error: skip, ``filtered`` for filter, ...), and ``perf`` (None for nodes that ran
+        in worker copies): ``busy_s`` producing (its own work; for a map with thread workers
+        the time in ``fn`` summed over them), ``wait_s`` getting items from its inputs,
+        ``busy`` and ``wait`` as fractions of the epoch's seconds (busy per worker thread),
+        ``items_per_s``, and ``queue`` for buffered nodes (items ready when asked: mean, max,
+        capacity). ``data_wait_s`` is the time the caller spent waiting in ``next()``.
+        See conveyor/graphs/instrument.py for how these are measured.
+        """
         nodes = {}
         copies = self._copies()
         from_copies = copies.copy_stats() if copies is not None else {}
+        elapsed = time.perf_counter() - self._t_start if self._started else 0.0
+        perf = self._perf(elapsed + self._root.reset_seconds if self._started else 0.0)
         for name in self._c.order:
             entry: dict[str, Any] = {"op": self._c.plan.nodes[name].op.name}
             if name in from_copies:  # counted inside the worker copies, summed over them
@@ -264,9 +278,16 @@ class Loader:
                 own = getattr(counted.inner, "stats", None)
                 if callable(own):
                     entry.update(own())
+            entry["perf"] = perf.get(name)
             nodes[name] = entry
-        elapsed = time.perf_counter() - self._t_start if self._started else 0.0
-        return {"epoch": self._epoch, "batches": self._yielded, "seconds": elapsed, "nodes": nodes}
+        return {"epoch": self._epoch, "batches": self._yielded, "seconds": elapsed,
+                "data_wait_s": round(self._root.seconds, 6), "nodes": nodes}
+
+    def _perf(self, elapsed: float) -> dict[str, dict[str, Any]]:
+        counted = self._c.nodes
+        raws = {n: c.raw() for n, c in counted.items()}
+        inputs = {n: self._c.plan.nodes[n].inputs for n in counted}
+        return node_perf(counted, inputs, raws, elapsed)
 
     def _copies(self) -> Any:
         from conveyor.nodes.copies import WorkerCopies

@@ -1,0 +1,247 @@
+"""Per-node stats, always on: ``Counted``, ``Loader.stats()["nodes"][name]["perf"]``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from torchdata.nodes import BaseNode, IterableWrapper
+
+import conveyor.graphs.compile as compile_mod
+from conveyor import cli, load_graph
+from conveyor.graphs import instrument
+from conveyor.graphs.instrument import BareCounted, Counted
+from conveyor.nodes.shard import Shard
+from planted_fns import SAMPLE
+
+REPO = Path(__file__).resolve().parent.parent
+NUMBERS = REPO / "specs/numbers.yaml"
+PERF_KEYS = {"seconds", "reset_s", "busy_s", "wait_s", "threads", "busy", "wait", "items_per_s", "runs", "queue",
+             "thread"}
+
+
+def _chain(write_spec, *lines: str, output: str) -> Path:
+    body = "\n".join(f"  {ln}" for ln in lines)
+    return write_spec(f'nodes:\n  files: {{op: list_files, url: "{SAMPLE.as_posix()}/*/*.JPEG"}}\n'
+                      f"{body}\noutput: {output}\n")
+
+
+def test_counted_is_importable_from_compile_and_forwards_count():
+    assert compile_mod.Counted is Counted
+    c = Counted(Shard(IterableWrapper(range(10)), rank=0, world=1))
+    assert c.count() == getattr(c.inner, "count")()
+    assert Counted(IterableWrapper(range(3))).count() is None
+
+
+def test_items_setter_zeroes_every_counter():
+    c = Counted(IterableWrapper(range(5)))
+    c.reset()
+    assert list(c) == [0, 1, 2, 3, 4]
+    assert c.items == 5 and c.seconds > 0 and c.tid is not None
+    c.items = 0
+    assert c.raw() == {"items": 0, "seconds": 0.0, "reset_seconds": 0.0, "work_seconds": 0.0,
+                       "q_n": 0, "q_sum": 0, "q_max": 0}
+
+
+def test_watchers_see_every_item_and_can_leave():
+    seen = []
+
+    def watcher(c, item, t0, t1):
+        assert t1 >= t0
+        seen.append(item)
+
+    c = Counted(IterableWrapper(range(4)))
+    c.watch(watcher)
+    c.reset()
+    assert [next(c), next(c)] == [0, 1]
+    c.unwatch(watcher)
+    assert list(c) == [2, 3] and seen == [0, 1]
+
+
+def test_state_is_the_same_with_and_without_instrumentation(monkeypatch):
+    def states() -> list[str]:
+        out = []
+        with load_graph(NUMBERS, batch_size=4) as loader:
+            for _ in range(2):
+                for _ in loader:
+                    out.append(json.dumps(loader.state_dict(), sort_keys=True))
+        return out
+
+    timed = states()
+    monkeypatch.setattr(compile_mod, "Counted", BareCounted)
+    assert states() == timed
+
+
+def test_stats_have_perf_for_every_node_as_plain_data():
+    with load_graph(NUMBERS) as loader:
+        for _ in loader:
+            pass
+        stats = loader.stats()
+    json.dumps(stats)
+    nodes = stats["nodes"]
+    assert list(nodes) == ["files", "shard", "shuffle", "parse", "batch", "collate", "out"]
+    for name, entry in nodes.items():
+        p = entry["perf"]
+        assert set(p) == PERF_KEYS, name
+        assert p["items_per_s"] > 0
+        for k in ("busy", "wait"):
+            assert p[k] is None or 0.0 <= p[k] <= 1.05, (name, k, p[k])
+    assert nodes["parse"]["perf"]["runs"] == "2 thread workers" and nodes["parse"]["perf"]["threads"] == 2
+    assert nodes["parse"]["perf"]["queue"]["capacity"] == 4
+    assert nodes["out"]["perf"]["busy"] is None  # a prefetch only moves items
+    assert nodes["out"]["perf"]["queue"]["capacity"] == 2 and nodes["out"]["perf"]["queue"]["samples"] >= 1
+    assert nodes["out"]["perf"]["wait"] > 0.5   # its thread mostly waits for collate
+    assert 0 < stats["data_wait_s"] <= stats["seconds"] + 0.5
+    assert nodes["batch"]["items"] == 5
+
+
+@pytest.mark.timeout(60)
+def test_self_time_is_own_time_minus_same_thread_inputs(write_spec):
+    # everything runs in the caller's thread: files -> slow (2 ms an item) -> batch
+    path = _chain(write_spec, 'slow: {op: map, fn: "planted_fns:slow", args: {ms: 2}}',
+                  "batch: {op: batch, size: 10}", output="batch")
+    with load_graph(path) as loader:
+        t0 = time.perf_counter()
+        assert len(list(loader)) == 20
+        wall = time.perf_counter() - t0
+        nodes = {n: e["perf"] for n, e in loader.stats()["nodes"].items()}
+    assert 0.4 <= nodes["slow"]["busy_s"] <= wall
+    assert nodes["slow"]["wait_s"] == nodes["files"]["seconds"]
+    assert nodes["batch"]["wait_s"] == nodes["slow"]["seconds"]
+    assert nodes["batch"]["busy_s"] < 0.05 and nodes["files"]["busy_s"] < 0.25 * nodes["slow"]["busy_s"]
+    assert nodes["slow"]["busy"] > 0.8
+
+
+@pytest.mark.timeout(60)
+def test_threaded_map_busy_is_the_time_in_fn_over_its_workers(write_spec):
+    path = _chain(write_spec, 'slow: {op: map, fn: "planted_fns:slow", args: {ms: 3}, workers: 2}',
+                  "batch: {op: batch, size: 10}", output="batch")
+    with load_graph(path) as loader:
+        assert len(list(loader)) == 20
+        p = loader.stats()["nodes"]["slow"]["perf"]
+    assert p["threads"] == 2
+    assert 0.6 <= p["busy_s"] < 1.2      # 200 x 3 ms, summed over the 2 workers
+    assert 0.6 < p["busy"] <= 1.05       # per worker thread
+    assert p["wait"] < 0.2 and p["queue"]["samples"] > 0
+
+
+def test_counters_start_again_each_epoch():
+    with load_graph(NUMBERS) as loader:
+        for _ in loader:
+            pass
+        first = loader.stats()["nodes"]["files"]
+        for _ in loader:
+            pass
+        second = loader.stats()
+    assert first["items"] == second["nodes"]["files"]["items"] == 40
+    assert second["data_wait_s"] <= second["seconds"] + 0.5
+
+
+def test_nodes_in_worker_copies_have_counts_but_no_perf(write_spec):
+    path = write_spec(f"""workers: {{copies: 2, method: thread}}
+nodes:
+  files:   {{op: list_files, url: "{REPO.as_posix()}/examples/data/numbers/*/*.txt"}}
+  shard:   {{op: shard}}
+  parse:   {{op: map, fn: "conveyor.files:read_numbers"}}
+  batch:   {{op: batch, size: 4}}
+  collate: {{op: collate}}
+""")
+    with load_graph(path) as loader:
+        for _ in loader:
+            pass
+        nodes = loader.stats()["nodes"]
+    assert nodes["files"]["items"] == 80 and nodes["files"]["perf"] is None  # each copy lists all 40
+    assert nodes["parse"]["copies"] == 2
+    assert nodes["parse"]["perf"]["runs"] == "2 thread copies" and nodes["parse"]["perf"]["busy"] is None
+    assert nodes["batch"]["perf"]["busy"] is not None
+
+
+def test_run_prints_where_the_time_went(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert cli.main(["run", "specs/numbers.yaml", "-q"]) == 0
+    res = capsys.readouterr()
+    assert res.out.splitlines()[0].split() == ["files", "list_files", "40", "items"]
+    err = res.err.splitlines()
+    at = next(i for i, ln in enumerate(err) if ln.startswith("where the time went ("))
+    assert err[at + 1].split() == ["node", "op", "runs", "items", "items/s", "busy", "wait", "queue"]
+    assert [ln.split()[0] for ln in err[at + 2:at + 9]] == ["files", "shard", "shuffle", "parse", "batch",
+                                                            "collate", "out"]
+    assert "limits the graph" in err[at + 9]
+
+
+def test_the_instrumentation_costs_well_under_a_microsecond_per_item_and_node():
+    def ns_per(cls) -> float:
+        best = float("inf")
+        for _ in range(3):
+            node = IterableWrapper(range(50_000))
+            for _ in range(4):
+                node = cls(node)
+            node.reset()
+            t0 = time.perf_counter()
+            for _ in node:
+                pass
+            best = min(best, (time.perf_counter() - t0) / 200_000 * 1e9)
+        return best
+
+    assert ns_per(Counted) - ns_per(BareCounted) < 1000  # measured ~100-150 ns (stats_overhead.py)
+    assert instrument._QUEUE_EVERY >= 1
+
+
+class _Ticks(BaseNode):
+    """Passes items through, advancing a fake clock by ``cost`` per item (before its source)."""
+
+    def __init__(self, source, clock: list, cost: float):
+        super().__init__()
+        self.source, self.clock, self.cost = source, clock, cost
+
+    def reset(self, initial_state=None):
+        super().reset(initial_state)
+        self.source.reset(initial_state)
+
+    def next(self):
+        self.clock[0] += self.cost
+        return next(self.source)
+
+    def get_state(self):
+        return self.source.state_dict()
+
+
+def _ticking_chain(monkeypatch, n: int):
+    clock = [0.0]
+    monkeypatch.setattr(instrument, "_clock", lambda: clock[0])
+    monkeypatch.setattr(instrument, "_random", __import__("random").Random(0).random)
+    inner = Counted(_Ticks(IterableWrapper(range(n)), clock, 2e-6))
+    outer = Counted(_Ticks(inner, clock, 1e-6))
+    outer.reset()
+    return outer, inner
+
+
+def test_light_calls_are_timed_in_sampled_groups_with_unbiased_weights(monkeypatch):
+    outer, inner = _ticking_chain(monkeypatch, 20_000)
+    assert sum(1 for _ in outer) == 20_000 and inner.items == 20_000
+    # a 3 us call making 1 nested call: timing both costs ~40x the 0.5 % target: 1 call in 40
+    assert outer._every == 40 and inner in outer._group
+    assert outer.seconds == pytest.approx(20_000 * 3e-6, rel=0.15)
+    assert inner.seconds == pytest.approx(20_000 * 2e-6, rel=0.15)
+    # both timed over the same calls: the outer node's own time is exactly a third
+    assert (outer.seconds - inner.seconds) / outer.seconds == pytest.approx(1 / 3, rel=1e-6)
+
+
+def test_with_a_watcher_every_call_is_timed(monkeypatch):
+    outer, inner = _ticking_chain(monkeypatch, 5_000)
+    seen = []
+
+    def watcher(c, item, t0, t1):
+        seen.append(t1 - t0)
+
+    inner.watch(watcher)
+    try:
+        assert sum(1 for _ in outer) == 5_000
+        assert instrument._exact[0] == 1
+    finally:
+        inner.unwatch(watcher)
+    assert instrument._exact[0] == 0
+    assert len(seen) == 5_000
+    assert outer.seconds == pytest.approx(5_001 * 3e-6) and inner.seconds == pytest.approx(5_001 * 2e-6)  # + the end
