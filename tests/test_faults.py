@@ -227,10 +227,13 @@ def test_redact() -> None:
 def test_fetch_keeps_order_fields_and_needs_a_url() -> None:
     files = sorted(str(p) for p in (SAMPLE / CLASSES[0]).glob("*.JPEG"))
     node = Fetch(IterableWrapper([{"path": f, "label": 3, "index": i} for i, f in enumerate(files)]),
-                 concurrency=3)
+                 concurrency=3, read_local=True)
     out = list(node)
     node.close()
     assert [o["path"] for o in out] == files and all(o["label"] == 3 for o in out)
+    passing = Fetch(IterableWrapper([{"path": f} for f in files]))  # local paths: left to the decoder
+    assert list(passing) == [{"path": f} for f in files]
+    passing.close()
     assert [o["bytes"] for o in out] == [Path(f).read_bytes() for f in files]
     with pytest.raises(SampleError, match="expected a record with a URL under 'path'"):
         next(Fetch(IterableWrapper([{"file": "x"}])))

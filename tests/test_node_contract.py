@@ -90,7 +90,7 @@ def _read_tar(**kw: Any) -> BaseNode:
 def _fetch(**kw: Any) -> BaseNode:
     from conveyor.nodes.fetch import Fetch
 
-    return Fetch(ShuffleBuffer(_files(), size=5), **kw)
+    return Fetch(ShuffleBuffer(_files(), size=5), read_local=True, **kw)
 
 
 # name -> factory building a fresh chain (each call must build new nodes)

@@ -32,6 +32,7 @@ class FetchParams:
     cache: str | None = param(None, doc="local folder keeping remote objects")
     cache_size: int | str = param("10GB", doc="the cache's bound: bytes or 10GB, 500MB")
     storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
+    read_local: bool = param(False, doc="also read local paths (by default the decoder reads them)")
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def _check_remote(p: FetchParams | ReadTarParams, n_inputs: int) -> list[tuple[s
 def _build_fetch(p: FetchParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
     return Fetch(inputs[0], concurrency=p.concurrency, field=p.field, out=p.out, policy=_policy(p),
                  storage_options=p.storage_options, on_error=p.on_error.value, cache=p.cache,
-                 cache_size=p.cache_size, where=ctx.where)
+                 cache_size=p.cache_size, where=ctx.where, read_local=p.read_local)
 
 
 def _build_read_tar(p: ReadTarParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:

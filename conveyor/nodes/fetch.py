@@ -3,7 +3,10 @@
 Turns ``{"path": URL, ...}`` records into ``{"path": URL, "bytes": data, ...}`` (the other
 fields are kept). Up to ``concurrency`` reads are in flight: on object storage each request
 waits tens of milliseconds for the first byte, and overlapping them is what lets a remote
-source keep the decoders busy. Decoding stays in the ``map`` after this node.
+source keep the decoders busy. Decoding stays in the ``map`` after this node. Local paths
+pass through unread unless ``read_local=True``: a local read costs microseconds, and the
+decoder reads the file in its own worker thread, so one more hand-off would only cost time
+(measured: ~90 µs per sample on the ImageNet sample).
 
 Requests follow a ``RetryPolicy`` (see ``conveyor.storage``): transient failures are retried
 with backoff and counted in ``stats()["retries"]``; a missing object or an exhausted retry is a
@@ -42,6 +45,10 @@ class _Entry:
         self.future = future
 
 
+def _is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
 class Fetch(BaseNode[dict]):
     """Add the bytes of the object at ``item[field]`` to each item, ``concurrency`` at a time.
 
@@ -57,10 +64,11 @@ class Fetch(BaseNode[dict]):
         cache: a local folder to keep remote objects in, or None.
         cache_size: the cache's bound (bytes, or ``"10GB"``).
         where: text for error notes, e.g. ``"node 'fetch' (fetch) from specs/x.yaml:20"``.
+        read_local: also read local paths (by default they pass through for the decoder).
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
-        >>> node = Fetch(IterableWrapper([{"path": "examples/data/numbers/a/1.txt"}]))
+        >>> node = Fetch(IterableWrapper([{"path": "examples/data/numbers/a/1.txt"}]), read_local=True)
         >>> sorted(next(node))
         ['bytes', 'path']
     """
@@ -71,7 +79,8 @@ class Fetch(BaseNode[dict]):
     def __init__(self, source: BaseNode, *, concurrency: int = 16, field: str = "path",
                  out: str = "bytes", policy: RetryPolicy | None = None,
                  storage_options: dict[str, Any] | None = None, on_error: str = "raise",
-                 cache: str | None = None, cache_size: int | str = "10GB", where: str | None = None):
+                 cache: str | None = None, cache_size: int | str = "10GB", where: str | None = None,
+                 read_local: bool = False):
         super().__init__()
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"{concurrency=} must be an int >= 1")
@@ -83,6 +92,7 @@ class Fetch(BaseNode[dict]):
         self.out = out
         self.on_error = on_error
         self.where = where or "fetch"
+        self.read_local = read_local
         self.storage = Storage(storage_options=storage_options, policy=policy, cache=cache,
                                cache_size=cache_size, threads=concurrency)
         self.skipped = 0
@@ -103,7 +113,9 @@ class Fetch(BaseNode[dict]):
 
     def _cancel(self) -> None:
         while self._window:
-            self._window.popleft().future.cancel()
+            future = self._window.popleft().future
+            if future is not None:
+                future.cancel()
 
     def close(self) -> None:
         self._cancel()
@@ -135,7 +147,10 @@ class Fetch(BaseNode[dict]):
                 raise SampleError(f"{self.where}: expected a record with a URL under "
                                   f"'{self.field}', got {type(item).__name__}"
                                   + (f" with keys {sorted(item)}" if isinstance(item, dict) else ""))
-            self._window.append(_Entry(before, item, self.storage.submit(url)))
+            if not self.read_local and _is_local(url):
+                self._window.append(_Entry(before, item, None))  # the decoder reads it
+            else:
+                self._window.append(_Entry(before, item, self.storage.submit(url)))
 
     def next(self) -> dict:
         while True:
@@ -143,6 +158,10 @@ class Fetch(BaseNode[dict]):
             if not self._window:
                 raise StopIteration
             entry = self._window[0]
+            if entry.future is None:
+                self._window.popleft()
+                self._emitted += 1
+                return entry.item
             try:
                 data = entry.future.result()
             except SampleError as exc:
