@@ -131,7 +131,7 @@ class MapParams:
     seed: int | None = param(None)
     ordered: bool = param(True, doc="false: unordered results, not resumable")
     mp_context: str | None = param(None, doc="spawn | fork | forkserver, for method: process")
-    snapshot_every: int = param(1, min=1, doc="input state taken every N items (restore re-reads <= N)")
+    snapshot_every: int = param(16, min=1, doc="input state taken every N items (restore re-reads <= N)")
 
 
 def _build_map(p: MapParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
