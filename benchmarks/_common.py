@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from conveyor.bench import reset_peak_rss, status_bytes  # noqa: F401 - reset_peak_rss re-exported
 from conveyor.image import random_resized_crop_box
 
 # ----- time ----------------------------------------------------------------------------------
@@ -106,23 +107,7 @@ def median(values: Sequence[float]) -> float:
 
 def proc_status_kib(*keys: str) -> dict[str, int]:
     """Fields of /proc/self/status in KiB, e.g. ``proc_status_kib("VmRSS", "VmHWM")``."""
-    out: dict[str, int] = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name in keys:
-                out[name] = int(rest.split()[0])
-    return out
-
-
-def reset_peak_rss() -> bool:
-    """Reset this process's VmHWM to its current RSS (Linux >= 4.0); False if not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
+    return {k: v // 1024 for k, v in status_bytes(*keys).items()}
 
 
 # ----- CPU used by others (the machine may be shared) ------------------------------------------

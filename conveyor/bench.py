@@ -77,7 +77,7 @@ def nbytes(obj: Any, _depth: int = 0) -> int:
     return sys.getsizeof(obj)
 
 
-def _status_bytes(*keys: str) -> dict[str, int]:
+def status_bytes(*keys: str) -> dict[str, int]:
     """Fields of /proc/self/status (VmRSS, VmHWM) in bytes; empty where there is no /proc."""
     out: dict[str, int] = {}
     try:
@@ -91,7 +91,7 @@ def _status_bytes(*keys: str) -> dict[str, int]:
     return out
 
 
-def _reset_peak_rss() -> bool:
+def reset_peak_rss() -> bool:
     """Make VmHWM restart from the current RSS (Linux >= 4.0); False where not allowed."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -425,8 +425,8 @@ def run_bench(plan: Plan, *, seconds: float = 10.0, warmup: float | None = None,
         on_loader: called with the loader before it runs (``--trace`` attaches here).
     """
     warmup = min(3.0, seconds / 4) if warmup is None else warmup
-    rss_before = _status_bytes("VmRSS").get("VmRSS")
-    peak_is_run = _reset_peak_rss()
+    rss_before = status_bytes("VmRSS").get("VmRSS")
+    peak_is_run = reset_peak_rss()
     sizes = SizeSampler()
     with Loader(compile_plan(plan)) as loader:
         counted = counted_nodes(loader)
@@ -447,7 +447,7 @@ def run_bench(plan: Plan, *, seconds: float = 10.0, warmup: float | None = None,
         if loader._c.copied:
             notes.append(f"nodes {', '.join(loader._c.copied)} ran in worker copies: their time is "
                          "measured there and not shown")
-    peak = _status_bytes("VmHWM").get("VmHWM")
+    peak = status_bytes("VmHWM").get("VmHWM")
     wall = d.seconds
     data_wait = d.data_wait_s / wall if wall > 0 else 0.0
     trainer_busy = d.trainer_s / wall if wall > 0 and step_time > 0 else None
