@@ -37,6 +37,7 @@ CONFIGS = {
     "1 process (inline)": "",
     "2 worker threads": "workers: {copies: 2, method: thread}",
     "2 worker processes": "workers: {copies: 2, method: process}",
+    "2 worker processes, batches cut in the copies": "workers: {copies: 2, method: process, until: batch}",
 }
 
 
