@@ -84,6 +84,10 @@ def show_text(plan: Plan) -> str:
     lines = [f"graph {plan.path} -> output '{plan.output}'" + ("" if plan.resumable else " (not resumable)")]
     if plan.params:
         lines.append("params: " + _fmt_params(plan.params))
+    copies = getattr(plan, "copies", None)
+    if copies is not None and copies.count > 1:
+        lines.append(f"workers: {copies.count} {copies.method} copies of the graph up to '{copies.until}', "
+                     "merged round-robin")
     for name, node in plan.nodes.items():
         src = f" <- {', '.join(node.inputs)}" if node.inputs else ""
         lines.append(f"  {name}: {node.op.name}{src}")

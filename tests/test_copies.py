@@ -99,3 +99,10 @@ def test_copies_need_a_worker_shard_and_picklable_fns(tmp_path: Path) -> None:
     check_spec(_spec(tmp_path, "{copies: 2, method: thread}", fn="helpers_fns:unpicklable"))  # threads: fine
     with pytest.raises(SpecErrors, match="until 'parze' is not a node \\(did you mean 'parse'"):
         check_spec(_spec(tmp_path, "{copies: 2, until: parze}"))
+
+
+def test_show_tells_the_worker_copies(tmp_path: Path) -> None:
+    from conveyor.cli import show_text
+
+    text = show_text(check_spec(_spec(tmp_path, "{copies: 3, method: thread}")))
+    assert "workers: 3 thread copies of the graph up to 'parse', merged round-robin" in text
