@@ -20,43 +20,43 @@ from conveyor.storage import RetryPolicy, parse_size
 
 
 @dataclass(frozen=True)
-class FetchParams:
-    concurrency: int = param(16, min=1, doc="object reads in flight")
-    field: str = param("path", doc="the record field holding the URL")
-    out: str = param("bytes", doc="the field the object's bytes go to")
+class _RemoteParams:
+    """What every op reading through ``conveyor.storage`` takes: the retry policy, the cache
+    and the fsspec options."""
+
     attempts: int = param(5, min=1, doc="tries per request; only transient errors are retried")
     timeout: float = param(30.0, doc="seconds a request may take (then it is retried)")
     backoff: float = param(0.1, min=0, doc="first retry delay in seconds, doubled each retry")
     backoff_max: float = param(5.0, min=0, doc="the longest retry delay")
-    on_error: OnError = param(OnError.raise_, doc="skip: count and drop records that cannot be read")
-    cache: str | None = param(None, doc="local folder keeping remote objects")
+    cache: str | None = param(None, doc="local folder keeping what was read remotely")
     cache_size: int | str = param("10GB", doc="the cache's bound: bytes or 10GB, 500MB")
     storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
+
+
+@dataclass(frozen=True)
+class FetchParams(_RemoteParams):
+    concurrency: int = param(16, min=1, doc="object reads in flight")
+    field: str = param("path", doc="the record field holding the URL")
+    out: str = param("bytes", doc="the field the object's bytes go to")
+    on_error: OnError = param(OnError.raise_, doc="skip: count and drop records that cannot be read")
     read_local: bool = param(False, doc="also read local paths (by default the decoder reads them)")
 
 
 @dataclass(frozen=True)
-class ReadTarParams:
+class ReadTarParams(_RemoteParams):
     field: str = param("path", doc="the record field holding the shard URL")
     block_size: int | str = param("8MB", doc="bytes per request on remote shards")
     read_ahead: int = param(4, min=0, doc="blocks requested ahead of the one being read")
     index_stride: int = param(1_000_000, min=1, doc="index = shard index * stride + position")
-    attempts: int = param(5, min=1, doc="tries per request; only transient errors are retried")
-    timeout: float = param(30.0, doc="seconds a request may take (then it is retried)")
-    backoff: float = param(0.1, min=0, doc="first retry delay in seconds, doubled each retry")
-    backoff_max: float = param(5.0, min=0, doc="the longest retry delay")
     on_error: OnError = param(OnError.raise_, doc="skip: count and drop the rest of a bad shard")
-    cache: str | None = param(None, doc="local folder keeping remote blocks")
-    cache_size: int | str = param("10GB", doc="the cache's bound: bytes or 10GB, 500MB")
-    storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
 
 
-def _policy(p: FetchParams | ReadTarParams) -> RetryPolicy:
+def _policy(p: _RemoteParams) -> RetryPolicy:
     return RetryPolicy(attempts=p.attempts, timeout=p.timeout, backoff=p.backoff,
                        backoff_max=p.backoff_max)
 
 
-def _check_remote(p: FetchParams | ReadTarParams, n_inputs: int) -> list[tuple[str, str]]:
+def _check_remote(p: _RemoteParams, n_inputs: int) -> list[tuple[str, str]]:
     errors = []
     if not p.timeout > 0:
         errors.append(("timeout", f"expected a number of seconds > 0, got {p.timeout!r}"))
