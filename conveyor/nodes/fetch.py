@@ -28,12 +28,12 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
+from conveyor.nodes._skips import log_skip
 from conveyor.storage import RetryPolicy, Storage
 
 log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
-_LOGGED_SKIPS = 5
 
 
 class _Entry:
@@ -171,10 +171,7 @@ class Fetch(BaseNode[dict]):
                     raise
                 self.skipped += 1
                 self._emitted += 1  # a skipped record counts as handled: it is not read again
-                if self.skipped <= _LOGGED_SKIPS:
-                    log.warning("%s: skipped a record (%s)%s", self.where, exc,
-                                "; further skips are only counted" if self.skipped == _LOGGED_SKIPS
-                                else "")
+                log_skip(log, self.skipped, f"{self.where}: skipped a record ({exc})")
                 continue
             except Exception as exc:  # SourceError and anything unexpected: never skipped
                 exc.add_note(f"in {self.where}")

@@ -27,12 +27,12 @@ from torchdata.nodes import BaseNode, ParallelMapper
 
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._threads import CarryErrors, Raised, shutdown_torchdata
+from conveyor.nodes._skips import log_skip
 
 log = logging.getLogger(__name__)
 
 METHODS = ("thread", "process")
 ON_ERROR = ("raise", "skip")
-_LOGGED_SKIPS = 5
 
 
 class _Enumerate(BaseNode):
@@ -213,9 +213,7 @@ class Map(BaseNode):
             exc.add_note(f"in {self.where}")
             raise exc
         self.skipped += 1
-        if self.skipped <= _LOGGED_SKIPS:
-            log.warning("%s: skipped an item (%s)%s", self.where, failed.text,
-                        "; further skips are only counted" if self.skipped == _LOGGED_SKIPS else "")
+        log_skip(log, self.skipped, f"{self.where}: skipped an item ({failed.text})")
 
     def get_state(self) -> dict:
         if self._pm is None:

@@ -33,13 +33,13 @@ import fsspec
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
+from conveyor.nodes._skips import log_skip
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("jsonl", "lines")
 ON_ERROR = ("raise", "skip")
 LINE_BITS = 32
-_LOGGED_SKIPS = 5
 
 
 class ReadJsonl(BaseNode[dict]):
@@ -162,9 +162,7 @@ class ReadJsonl(BaseNode[dict]):
         if self.on_error == "raise":
             raise SampleError(f"{where}: {why} (set on_error: skip to count and skip bad lines)")
         self.skipped += 1
-        if self.skipped <= _LOGGED_SKIPS:
-            log.warning("read_jsonl: skipped %s: %s%s", where, why,
-                        "; further skips are only counted" if self.skipped == _LOGGED_SKIPS else "")
+        log_skip(log, self.skipped, f"read_jsonl: skipped {where}: {why}")
 
     def _parse(self, raw: bytes) -> dict | None:
         try:
