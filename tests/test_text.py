@@ -166,7 +166,8 @@ def test_vocab_tokenize_and_cache(tmp_path):
 
 # ----- pad_collate --------------------------------------------------------------------------
 
-DTYPES = [torch.long, torch.int32, torch.uint8, torch.float32, torch.float16]
+DTYPES = [torch.long, torch.int32, torch.uint8, torch.int8, torch.float32, torch.float16, torch.float64,
+          torch.bfloat16]  # bfloat16: numpy has none, so the torch path
 
 
 @st.composite
@@ -227,6 +228,25 @@ def test_pad_collate_several_fields_tuples_and_bare_sequences():
     assert bare[0].shape == (2, 4) and bare[1].tolist() == [1, 2]
     with pytest.raises(ValueError, match="already have fields"):
         pad_collate([{"ids": [1], "lengths": 3}])
+
+
+def test_pad_field_pads_the_first_dim_of_any_shape_on_both_paths():
+    from conveyor.nodes.pad_collate import pad_field
+
+    rows = [torch.arange(6.0).view(3, 2), torch.empty(0, 2), torch.tensor([[7.0, 8.0]])]
+    pad = [9, 9]
+    expected = {"right": [[[0, 1], [2, 3], [4, 5], pad], [pad] * 4, [[7, 8], pad, pad, pad]],
+                "left": [[pad, [0, 1], [2, 3], [4, 5]], [pad] * 4, [pad, pad, pad, [7, 8]]]}
+    for side, want in expected.items():
+        for grad in (False, True):  # tensors needing grad take torch's path, not numpy's
+            seqs = [r.clone().requires_grad_(grad) for r in rows]
+            padded, lengths, mask = pad_field(seqs, pad_value=9, side=side, multiple=4)
+            assert padded.shape == (3, 4, 2) and padded.tolist() == want, (side, grad)
+            assert lengths.tolist() == [3, 0, 1]
+            assert mask.tolist() == ([[1, 1, 1, 0], [0, 0, 0, 0], [1, 0, 0, 0]] if side == "right"
+                                     else [[0, 1, 1, 1], [0, 0, 0, 0], [0, 0, 0, 1]])
+    with pytest.raises(ValueError, match="field 'feat': sequences must agree in every dim but the first"):
+        pad_field([torch.zeros(2, 2), torch.zeros(2, 3)], name="feat")
 
 
 def test_pad_collate_node_counts_tokens():
