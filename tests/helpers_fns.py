@@ -44,3 +44,36 @@ def fail_on_three(item):
 
 def is_even(item) -> bool:
     return item % 2 == 0
+
+
+class _Endless:
+    """Endless 1 MiB tensors: a worker copy sending them fills its pipe and blocks."""
+
+    def __call__(self, w: int):
+        import torch
+        from torchdata.nodes import BaseNode
+
+        class Ones(BaseNode):
+            def reset(self, initial_state=None):
+                super().reset(initial_state)
+                self.i = 0 if initial_state is None else initial_state["i"]
+
+            def next(self):
+                self.i += 1
+                return torch.full((1 << 18,), float(self.i))
+
+            def get_state(self):
+                return {"i": self.i}
+
+        node = Ones()
+        return node, {"ones": node}
+
+
+endless_big_items = _Endless()
+
+
+def exit_in_copy(w: int):
+    """A copy factory whose worker process exits at once with the given code."""
+    import os
+
+    os._exit(1)

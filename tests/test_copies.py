@@ -106,3 +106,53 @@ def test_show_tells_the_worker_copies(tmp_path: Path) -> None:
 
     text = show_text(check_spec(_spec(tmp_path, "{copies: 3, method: thread}")))
     assert "workers: 3 thread copies of the graph up to 'parse', merged round-robin" in text
+
+
+@pytest.mark.timeout(180)
+def test_workers_run_ahead_only_into_the_epoch_asked_for(tmp_path: Path) -> None:
+    one_to_one = "shuf:    {op: shuffle_buffer, size: 1}"
+    with load_graph(_spec(tmp_path, "1", shuffle=one_to_one)) as one:
+        base = _indices(one, 4)
+    spec = _spec(tmp_path, "{copies: 2, method: process}", shuffle=one_to_one)
+    with load_graph(spec) as loader:
+        whole = [i for b in loader for i in b["index"].tolist()]  # epoch 0; the workers go on into 1
+        state = loader.state_dict()
+        it = iter(loader)  # epoch 1, taken from the workers' run-ahead
+        part = next(it)["index"].tolist()
+        rest = [i for b in loader for i in b["index"].tolist()]  # epoch 2: epoch 1 was left half-way
+        assert loader.stats()["nodes"]["parse"]["epochs_run_ahead"] == 1
+        # back to the end of epoch 0: the copies restart there (told), end at once and run
+        # ahead into epoch 1, which is taken; then into epoch 2
+        loader.load_state_dict(state)
+        again = [i for b in loader for i in b["index"].tolist()]
+        last = [i for b in loader for i in b["index"].tolist()]
+        assert loader.stats()["nodes"]["parse"]["epochs_run_ahead"] == 3
+    assert whole == base[0] and part == base[1][:4] and rest == base[2]
+    assert again == base[1] and last == base[2]
+
+
+@pytest.mark.timeout(60)
+def test_close_ends_workers_blocked_on_a_full_pipe() -> None:
+    from conveyor.nodes.copies import WorkerCopies
+    from helpers_fns import endless_big_items
+
+    node = WorkerCopies(endless_big_items, copies=2, method="process")
+    node.reset(None)
+    assert next(node)[0].item() == 1.0 and next(node)[0].item() == 1.0  # copy 0, then copy 1
+    assert next(node)[0].item() == 2.0
+    workers = list(node._workers)
+    node.close()  # each worker is blocked writing a 1 MiB item into a full pipe
+    assert [p.exitcode for p in workers] == [0, 0]  # they left on their own, none was killed
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_exits_at_start_is_named_with_a_hint() -> None:
+    from conveyor.nodes.copies import WorkerCopies
+    from helpers_fns import exit_in_copy
+
+    node = WorkerCopies(exit_in_copy, copies=2, method="process", start_timeout=30)
+    try:
+        with pytest.raises(RuntimeError, match="worker copy 0 exited with code 1 .*if __name__ == '__main__'"):
+            node.reset(None)
+    finally:
+        node.close()

@@ -8,8 +8,13 @@ that is exhausted drops out of the turn. For a given N the order is deterministi
 copied part maps items one to one, it is the order of N = 1.
 
 The workers persist across epochs: each epoch the node sends every worker the epoch and the
-state to start from. Items come back in chunks (a per-item hand-off between processes costs
-more than cheap items), each chunk with its copy's state before its first item; the node's
+state to start from, except when the next epoch simply follows a whole one: then the workers
+have already gone on into it (``run_ahead``), so no copy idles while the main process drains
+the end of an epoch. Worker processes send through a pipe each, written from the worker's
+own thread, with their tensors packed into one buffer per chunk (``_handoff``), and run
+torch with one intra-op thread. Items come back in chunks (a per-item hand-off between
+processes costs more than cheap items), each chunk with its copy's state before its first
+item; the node's
 state is, per copy, that chunk state and how many of its items were taken, plus the turn and
 which copies are done. A restore sends each copy its own state (the copy re-runs the few
 items taken from the chunk and drops them), so nothing in flight is lost or repeated.
@@ -20,12 +25,11 @@ pickled, else as a ``RuntimeError`` with its text; a worker that dies is an erro
 
 from __future__ import annotations
 
-import collections
-import io
 import logging
 import multiprocessing as mp
 import pickle
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -33,11 +37,14 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
+from conveyor.nodes._handoff import pack, unpack
+
 log = logging.getLogger(__name__)
 
 METHODS = ("process", "thread")
 _START, _ITEMS, _END, _ERR = "start", "items", "end", "err"
 _POLL = 0.1
+_FIRST_CHUNK = 8
 BASE_KEY, SKIP_KEY = "base", "skip"
 
 
@@ -52,32 +59,6 @@ def _stats_of(nodes: dict[str, Any]) -> dict[str, dict]:
     return out
 
 
-def _tensor_from_numpy(array: Any) -> Any:
-    import torch
-
-    return torch.from_numpy(array)
-
-
-class _ChunkPickler(pickle.Pickler):
-    """Pickles CPU tensors through numpy: torch's own by-value pickling goes through
-    ``torch.load`` for every tensor, ~10x slower for small ones."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        import torch
-
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and not obj.requires_grad \
-                and obj.dtype not in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2) \
-                and type(obj) is torch.Tensor:
-            return _tensor_from_numpy, (obj.numpy(),)
-        return NotImplemented
-
-
-def _dumps(items: list) -> bytes:
-    buf = io.BytesIO()
-    _ChunkPickler(buf, protocol=5).dump(items)
-    return buf.getvalue()
-
-
 def _portable(exc: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(exc))
@@ -86,83 +67,177 @@ def _portable(exc: BaseException) -> BaseException:
         return RuntimeError("".join(traceback.format_exception(exc)))
 
 
+class _PipeOut:
+    """A worker's end of its output pipe: ``put`` pickles and writes in the calling thread.
+
+    ``multiprocessing.Queue`` hands every put to a feeder thread, which must win the GIL from
+    the worker's own (busy, pure-Python) thread first; a pipe written directly does not wait
+    for that. A full pipe blocks ``put``: that is the back-pressure.
+    """
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+
+    def put(self, msg: tuple, timeout: float | None = None) -> None:
+        self.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+class _PipeIn:
+    """The main process's end of a worker's output pipe, with ``queue.Queue``'s ``get``."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+
+    def get(self, timeout: float | None = None) -> tuple:
+        if not self.conn.poll(timeout):
+            raise queue.Empty
+        return pickle.loads(self.conn.recv_bytes())  # EOFError: the worker is gone
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _death(worker: Any) -> str:
+    """Why a worker that sent no error is gone, in words."""
+    code = getattr(worker, "exitcode", None)
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        hint = ": often the out-of-memory killer" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    if code == 1:
+        return ("exited with code 1 before it could report an error (its traceback is on stderr); "
+                "under spawn a worker imports the main script again, so a script that starts the "
+                "loader at import time needs `if __name__ == '__main__':`")
+    return f"stopped (exit code {code}) without an error message; look for a crash in native code"
+
+
+def _pipe(ctx: Any, size: int) -> tuple[_PipeIn, Any]:
+    """A one-way pipe whose kernel buffer holds ``size`` bytes where Linux allows it."""
+    read, write = ctx.Pipe(duplex=False)
+    try:
+        import fcntl
+
+        fcntl.fcntl(write.fileno(), fcntl.F_SETPIPE_SZ, size)
+    except (ImportError, AttributeError, OSError):
+        pass  # the default (64 KiB on Linux) still works, with less read-ahead
+    return _PipeIn(read), write
+
+
 def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
-                 cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, by_value: bool) -> None:
+                 cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, by_value: bool,
+                 run_ahead: bool = True) -> None:
     """One worker: build the copy once, then run epochs as the commands ask.
 
-    Items travel in chunks (at most ``chunk`` items, or what ``max_wait`` seconds gave), each
-    with the copy's state before its first item; ``by_value`` pickles a chunk to bytes here,
-    so tensors are copied once instead of each passing a file descriptor.
+    Items travel in chunks (8 items first, doubling up to ``chunk``, or what ``max_wait``
+    seconds gave), each with the copy's state before its first item; ``by_value`` packs a
+    chunk's tensors into one buffer here (see ``_handoff``), so they cross as bytes, not a
+    file descriptor each. With ``run_ahead``, a copy that sent the end of epoch e goes on
+    into epoch e + 1 from its start, unasked: the main process takes those items if that is
+    what it asks for next, and drops them otherwise.
     """
+    if by_value:
+        out_q = _PipeOut(out_q)
+        import torch
+
+        # N copies already use the cores: torch's own intra-op threads would only contend
+        # (and spin) with the other copies, as DataLoader's workers also set.
+        torch.set_num_threads(1)
+    try:
+        _serve(factory, w, cmd_q, out_q, stop, chunk, max_wait, by_value, run_ahead)
+    except (BrokenPipeError, EOFError):
+        pass  # the main process closed its end: it is gone or closing
+
+
+def _serve(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
+           cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, by_value: bool,
+           run_ahead: bool) -> None:
     try:
         root, nodes = factory(w)
     except BaseException as exc:  # noqa: BLE001 - reported to the main process
         out_q.put((-1, _ERR, _portable(exc), None, None))
         return
     cmd = None
+    ahead = None  # (gen, epoch): the epoch to run next without waiting for a command
     while not stop.is_set():
-        if cmd is None:
+        if cmd is None and ahead is None:
             try:
                 cmd = cmd_q.get(timeout=_POLL)
             except queue.Empty:
                 continue
-        if cmd[0] == "stop":
-            return
-        _, gen, epoch, state = cmd
-        cmd = None
+        if cmd is not None:
+            if cmd[0] == "stop":
+                return
+            _, gen, epoch, state = cmd
+            cmd = ahead = None
+        else:
+            (gen, epoch), state, ahead = ahead, None, None
+        cmd, ended = _run_epoch(root, nodes, cmd_q, out_q, stop, (gen, epoch), state, chunk, max_wait, by_value)
+        if ended and cmd is None and run_ahead:
+            ahead = (gen, epoch + 1)
+
+
+def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, stop: Any, key: tuple,
+               state: dict | None, chunk: int, max_wait: float, by_value: bool) -> tuple[Any, bool]:
+    """Send one epoch of the copy, tagged with ``key``; returns (a command that came in
+    meanwhile, whether the epoch was sent to its end)."""
+    gen, epoch = key
+    try:
+        for node in nodes.values():
+            if hasattr(node, "items"):
+                node.items = 0
+            set_epoch = getattr(getattr(node, "inner", node), "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+        if state is None:
+            root.reset(None)
+        else:
+            root.reset(state[BASE_KEY])
+            for _ in range(state[SKIP_KEY]):
+                next(root)  # taken from the chunk before the save: recomputed, not sent
+        msg: tuple = (key, _START, root.state_dict(), None, None)
+    except BaseException as exc:  # noqa: BLE001
+        msg = (key, _ERR, _portable(exc), None, None)
+    cmd = None
+    size = min(_FIRST_CHUNK, chunk)  # small first chunks: the epoch's first items come soon
+    while cmd is None and not stop.is_set():
+        # hand the message over, but give way to a new command (a new epoch or a stop)
         try:
-            for node in nodes.values():
-                if hasattr(node, "items"):
-                    node.items = 0
-                set_epoch = getattr(getattr(node, "inner", node), "set_epoch", None)
-                if callable(set_epoch):
-                    set_epoch(epoch)
-            if state is None:
-                root.reset(None)
-            else:
-                root.reset(state[BASE_KEY])
-                for _ in range(state[SKIP_KEY]):
-                    next(root)  # taken from the chunk before the save: recomputed, not sent
-            msg: tuple = (gen, _START, root.state_dict(), None, None)
-        except BaseException as exc:  # noqa: BLE001
-            msg = (gen, _ERR, _portable(exc), None, None)
-        while cmd is None and not stop.is_set():
-            # hand the message over, but give way to a new command (a new epoch or a stop)
-            try:
-                out_q.put(msg, timeout=_POLL)
-            except queue.Full:
-                try:
-                    cmd = cmd_q.get_nowait()
-                except queue.Empty:
-                    pass
-                continue
-            if msg[1] in (_END, _ERR):
-                break
-            base = root.state_dict()
-            items: list = []
-            deadline = time.monotonic() + max_wait
-            try:
-                while len(items) < chunk and (not items or time.monotonic() < deadline):
-                    items.append(next(root))
-                end = False
-            except StopIteration:
-                end = True
-            except BaseException as exc:  # noqa: BLE001
-                msg = (gen, _ERR, _portable(exc), None, None)
-                if items:  # deliver what came before the error first
-                    out_q.put((gen, _ITEMS, _dumps(items) if by_value else items, base, None))
-                continue
-            if items:
-                payload = _dumps(items) if by_value else items
-                msg = (gen, _ITEMS, payload, base, _stats_of(nodes))
-                if end:  # send the items now, the end with the next round
-                    out_q.put(msg)
-            if end:
-                msg = (gen, _END, root.state_dict(), _stats_of(nodes), None)
+            out_q.put(msg, timeout=_POLL)
+        except queue.Full:
             try:
                 cmd = cmd_q.get_nowait()
             except queue.Empty:
                 pass
+            continue
+        if msg[1] in (_END, _ERR):
+            return None, msg[1] == _END
+        base = root.state_dict()
+        items: list = []
+        deadline = time.monotonic() + max_wait
+        try:
+            while len(items) < size and (not items or time.monotonic() < deadline):
+                items.append(next(root))
+            size = min(2 * size, chunk)
+            end = False
+        except StopIteration:
+            end = True
+        except BaseException as exc:  # noqa: BLE001
+            msg = (key, _ERR, _portable(exc), None, None)
+            if items:  # deliver what came before the error first
+                out_q.put((key, _ITEMS, pack(items) if by_value else items, base, None))
+            continue
+        if items:
+            payload = pack(items) if by_value else items
+            msg = (key, _ITEMS, payload, base, _stats_of(nodes))
+            if end:  # send the items now, the end with the next round
+                out_q.put(msg)
+        if end:
+            msg = (key, _END, root.state_dict(), _stats_of(nodes), None)
+        try:
+            cmd = cmd_q.get_nowait()
+        except queue.Empty:
+            pass
+    return cmd, False
 
 
 class WorkerCopies(BaseNode):
@@ -174,9 +249,12 @@ class WorkerCopies(BaseNode):
         copies: N >= 1.
         method: ``"process"`` or ``"thread"``.
         mp_context: start method for processes (default ``spawn``).
-        depth: chunks each worker may have ready ahead of the merge.
-        chunk: items per hand-off from a worker (fewer if ``max_wait`` seconds pass first):
-            a per-item hand-off between processes costs more than cheap items do.
+        depth: chunks each worker thread may have ready ahead of the merge.
+        pipe_bytes: kernel buffer of each worker process's pipe (what it may have ready ahead
+            of the merge; Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by default).
+        chunk: most items per hand-off from a worker (fewer if ``max_wait`` seconds pass
+            first): each hand-off costs the main process a wake-up and the worker its cache,
+            so cheap items travel in big chunks. An epoch starts with chunks of 8, doubling.
         max_wait: seconds a worker gathers a chunk before sending what it has.
         start_timeout: seconds to wait for a worker to build its copy and start an epoch.
 
@@ -190,7 +268,8 @@ class WorkerCopies(BaseNode):
 
     def __init__(self, factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], *, copies: int,
                  method: str = "process", mp_context: str | None = "spawn", depth: int = 4,
-                 chunk: int = 64, max_wait: float = 0.05, start_timeout: float = 300.0):
+                 pipe_bytes: int = 1 << 20, run_ahead: bool = True,
+                 chunk: int = 256, max_wait: float = 0.05, start_timeout: float = 300.0):
         super().__init__()
         if not isinstance(copies, int) or copies < 1:
             raise ValueError(f"{copies=} must be an int >= 1")
@@ -201,6 +280,8 @@ class WorkerCopies(BaseNode):
         self.method = method
         self.mp_context = mp_context or "spawn"
         self.depth = depth
+        self.pipe_bytes = pipe_bytes
+        self.run_ahead = run_ahead
         self.chunk = chunk
         self.max_wait = max_wait
         self.start_timeout = start_timeout
@@ -210,12 +291,15 @@ class WorkerCopies(BaseNode):
         self._out: list[Any] = []
         self._stop: Any = None
         self._gen = 0
-        self._states: list[Any] = []
-        self._pending: list[collections.deque] = []
+        self._key: tuple[int, int] | None = None  # (generation, epoch) of the messages wanted
+        self._base: list[Any] = []  # per copy: its state before the current chunk
+        self._chunk: list[list] = []  # per copy: the current chunk's items
+        self._taken: list[int] = []  # per copy: how many of them were taken
         self._done: list[bool] = []
         self._next = 0
         self._stats: list[dict] = [{} for _ in range(copies)]
         self.startup_seconds: float | None = None
+        self.epochs_run_ahead = 0  # epochs the workers began before they were asked
 
     # ----- workers ------------------------------------------------------------------------
     def _launch(self) -> None:
@@ -227,36 +311,42 @@ class WorkerCopies(BaseNode):
         else:
             self._stop = threading.Event()
             make_q, make_worker = queue.Queue, threading.Thread
+        by_value = self.method == "process"
         for w in range(self.copies):
-            cmd_q, out_q = make_q(), make_q(maxsize=self.depth)
-            by_value = self.method == "process"
-            worker = make_worker(target=_worker_loop, args=(self.factory, w, cmd_q, out_q, self._stop,
-                                                            self.chunk, self.max_wait, by_value),
+            cmd_q = make_q()
+            if by_value:
+                out_q, child_end = _pipe(ctx, self.pipe_bytes)
+            else:
+                out_q = child_end = make_q(maxsize=self.depth)
+            worker = make_worker(target=_worker_loop, args=(self.factory, w, cmd_q, child_end, self._stop,
+                                                            self.chunk, self.max_wait, by_value,
+                                                            self.run_ahead),
                                  daemon=True, name=f"conveyor-copy-{w}")
             worker.start()
+            if by_value:
+                child_end.close()  # the worker holds its own copy now
             self._workers.append(worker)
             self._cmd.append(cmd_q)
             self._out.append(out_q)
         self._t_launch = t0
 
     def _get(self, w: int, timeout: float | None = None) -> tuple:
-        """The next message of worker ``w`` for the current generation."""
+        """The next message of worker ``w`` for the current (generation, epoch)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
                 msg = self._out[w].get(timeout=_POLL)
-            except queue.Empty:
-                alive = self._workers[w].is_alive()
-                if not alive:
-                    code = getattr(self._workers[w], "exitcode", None)
-                    raise RuntimeError(f"worker copy {w} died (exit code {code}) without an error "
-                                       "message; look for an out-of-memory kill or a crash in native code")
+            except (queue.Empty, EOFError) as gone:
+                if isinstance(gone, EOFError):
+                    self._workers[w].join(timeout=5)  # it closed its pipe: it is exiting
+                if not self._workers[w].is_alive():
+                    raise RuntimeError(f"worker copy {w} {_death(self._workers[w])}")
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"worker copy {w} did not start within {timeout:.0f} s")
                 continue
             if msg[0] == -1 and msg[1] == _ERR:
                 raise msg[2]
-            if msg[0] == self._gen:
+            if msg[0] == self._key:
                 return msg
 
     def set_epoch(self, epoch: int) -> None:
@@ -266,7 +356,14 @@ class WorkerCopies(BaseNode):
         super().reset(initial_state)
         if not self._workers:
             self._launch()
-        self._gen += 1
+        ran_ahead = (self.run_ahead and initial_state is None and self._key is not None
+                     and all(self._done) and self.epoch == self._key[1] + 1)
+        if ran_ahead:  # the workers went on into this epoch when they ended the last one
+            self._key = (self._key[0], self.epoch)
+            self.epochs_run_ahead += 1
+        else:
+            self._gen += 1
+            self._key = (self._gen, self.epoch)
         if initial_state is not None:
             states = list(initial_state[self.COPIES_KEY])
             self._next = initial_state[self.NEXT_KEY]
@@ -275,15 +372,15 @@ class WorkerCopies(BaseNode):
             states = [None] * self.copies
             self._next = 0
             self._done = [False] * self.copies
-        for w in range(self.copies):
-            self._cmd[w].put(("start", self._gen, self.epoch, states[w]))
-        self._states = []
-        self._pending = [collections.deque() for _ in range(self.copies)]
+        if not ran_ahead:
+            for w in range(self.copies):
+                self._cmd[w].put(("start", self._gen, self.epoch, states[w]))
+        self._base, self._chunk, self._taken = [], [[] for _ in range(self.copies)], [0] * self.copies
         for w in range(self.copies):
             msg = self._get(w, timeout=self.start_timeout)
             if msg[1] == _ERR:
                 raise msg[2]
-            self._states.append({BASE_KEY: msg[2], SKIP_KEY: 0})
+            self._base.append(msg[2])
         if self.startup_seconds is None:
             self.startup_seconds = time.perf_counter() - self._t_launch
 
@@ -295,38 +392,46 @@ class WorkerCopies(BaseNode):
                 return
         self._next = 0
 
+    def _refill(self, w: int) -> bool:
+        """Take copy ``w``'s next chunk; False when the copy has ended."""
+        msg = self._get(w)
+        kind = msg[1]
+        if kind == _ERR:
+            raise msg[2]
+        if kind == _END:
+            self._done[w] = True
+            self._base[w], self._chunk[w], self._taken[w] = msg[2], [], 0
+            self._stats[w] = msg[3] or self._stats[w]
+            return False
+        _, _, payload, base, stats = msg
+        self._base[w], self._taken[w] = base, 0
+        self._chunk[w] = unpack(payload) if isinstance(payload, tuple) else payload
+        if stats:
+            self._stats[w] = stats
+        return True
+
     def next(self):
+        w = self._next
+        taken = self._taken[w]
+        chunk = self._chunk[w]
+        if taken < len(chunk) and not any(self._done):  # the common case, kept short
+            self._taken[w] = taken + 1
+            self._next = w + 1 if w + 1 < self.copies else 0
+            return chunk[taken]
         while not all(self._done):
             w = self._next
-            if self._done[w]:
+            if self._done[w] or (self._taken[w] == len(self._chunk[w]) and not self._refill(w)):
                 self._advance(w)
                 continue
-            pending = self._pending[w]
-            if not pending:
-                msg = self._get(w)
-                kind = msg[1]
-                if kind == _ERR:
-                    raise msg[2]
-                if kind == _END:
-                    self._done[w] = True
-                    self._states[w] = {BASE_KEY: msg[2], SKIP_KEY: 0}
-                    self._stats[w] = msg[3] or self._stats[w]
-                    self._advance(w)
-                    continue
-                _, _, payload, base, stats = msg
-                items = pickle.loads(payload) if isinstance(payload, bytes) else payload
-                pending.extend((base, j + 1, item) for j, item in enumerate(items))
-                if stats:
-                    self._stats[w] = stats
-            base, taken, item = pending.popleft()
-            self._states[w] = {BASE_KEY: base, SKIP_KEY: taken}
+            item = self._chunk[w][self._taken[w]]
+            self._taken[w] += 1
             self._advance(w)
             return item
         raise StopIteration
 
     def get_state(self) -> dict:
-        return {self.COPIES_KEY: list(self._states), self.NEXT_KEY: self._next,
-                self.DONE_KEY: list(self._done)}
+        states = [{BASE_KEY: base, SKIP_KEY: taken} for base, taken in zip(self._base, self._taken)]
+        return {self.COPIES_KEY: states, self.NEXT_KEY: self._next, self.DONE_KEY: list(self._done)}
 
     def copy_stats(self) -> dict[str, dict]:
         """Per copied node: counters summed over the copies (as of their last report)."""
@@ -343,7 +448,8 @@ class WorkerCopies(BaseNode):
 
     def stats(self) -> dict:
         return {"copies": self.copies, "method": self.method,
-                "startup_seconds": round(self.startup_seconds or 0.0, 3)}
+                "startup_seconds": round(self.startup_seconds or 0.0, 3),
+                "epochs_run_ahead": self.epochs_run_ahead}
 
     def close(self) -> None:
         if not self._workers:
@@ -354,13 +460,16 @@ class WorkerCopies(BaseNode):
                 q.put(("stop",))
             except (OSError, ValueError):
                 pass
+        if self.method == "process":
+            for out in self._out:
+                out.close()  # a worker blocked writing to a full pipe now gets BrokenPipeError
         for worker in self._workers:
             worker.join(timeout=5)
             if self.method == "process" and worker.is_alive():
                 worker.terminate()
                 worker.join(timeout=5)
         if self.method == "process":
-            for q in self._cmd + self._out:
+            for q in self._cmd:
                 q.close()
                 q.cancel_join_thread()
         self._workers, self._cmd, self._out = [], [], []

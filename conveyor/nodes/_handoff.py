@@ -1,0 +1,89 @@
+"""Chunk hand-off between processes: items pickled once, their tensors packed in one buffer.
+
+Pickling a small CPU tensor by value costs torch a ``torch.load`` per tensor, and even through
+numpy it is a reduce, a dtype and a reconstruct per tensor (~6 µs each way for a 100-token
+sequence). ``pack`` pickles the items with every plain CPU tensor replaced by a reference,
+copies the tensors' bytes into one ``bytearray`` (each at a multiple of 64 bytes) and returns
+``(structure, metas, raw)``; ``unpack`` makes each tensor a view of that buffer with
+``torch.frombuffer`` (no copy) and unpickles the structure. A tensor that does not fit
+(gradients, sparse, quantized, a subclass) is pickled the ordinary way.
+
+The tensors of one chunk share the chunk's buffer: keeping one keeps the chunk's bytes
+(tens of KB) alive, as a view would.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+
+ALIGN = 64
+_PADS = [bytes(n) for n in range(ALIGN)]
+_PACKABLE = frozenset({
+    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
+})
+_Tensor, _STRIDED = torch.Tensor, torch.strided
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, tensors: list):
+        super().__init__(file, protocol=5)
+        self.tensors = tensors
+        self.seen: dict[int, int] = {}  # id(tensor) -> its number: one tensor twice stays one
+
+    def persistent_id(self, obj: Any) -> int | None:
+        # called for every object pickled: the common "not a tensor" answer comes first
+        if type(obj) is not _Tensor or obj.requires_grad or obj.layout is not _STRIDED \
+                or not obj.is_cpu or obj.dtype not in _PACKABLE:
+            return None
+        pid = self.seen.get(id(obj))
+        if pid is None:
+            pid = self.seen[id(obj)] = len(self.tensors)
+            self.tensors.append(obj)
+        return pid
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, tensors: list):
+        super().__init__(file)
+        self.tensors = tensors
+
+    def persistent_load(self, pid: int) -> torch.Tensor:
+        return self.tensors[pid]
+
+
+def pack(items: Any) -> tuple[bytes, list, bytearray]:
+    """``items`` as (pickled structure, tensor metas, one buffer of the tensors' bytes)."""
+    tensors: list[torch.Tensor] = []
+    buf = io.BytesIO()
+    _Pickler(buf, tensors).dump(items)
+    metas, raw = [], bytearray()
+    for t in tensors:
+        metas.append((t.dtype, tuple(t.shape), len(raw)))
+        if not t.is_contiguous():
+            t = t.contiguous()
+        if t.dtype is torch.bfloat16:  # numpy has no bfloat16; the bytes are what matter
+            t = t.view(torch.int16)
+        raw += t.numpy().data if t.dim() else t.reshape(1).numpy().data
+        raw += _PADS[-len(raw) % ALIGN]
+    return buf.getvalue(), metas, raw
+
+
+def unpack(packed: tuple[bytes, list, bytearray]) -> Any:
+    """The items of ``pack``, their tensors views of one buffer."""
+    structure, metas, raw = packed
+    tensors = []
+    for dtype, shape, offset in metas:
+        count = 1
+        for s in shape:
+            count *= s
+        if count:
+            t = torch.frombuffer(raw, dtype=dtype, count=count, offset=offset)
+            tensors.append(t if len(shape) == 1 else t.view(shape))
+        else:
+            tensors.append(torch.empty(shape, dtype=dtype))
+    return _Unpickler(io.BytesIO(structure), tensors).load()

@@ -1,0 +1,60 @@
+"""The chunk hand-off between worker processes: tensors packed in one buffer, items intact."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+
+from conveyor.nodes._handoff import ALIGN, pack, unpack
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+          torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool]
+
+
+def _round_trip(items):
+    return unpack(pickle.loads(pickle.dumps(pack(items), protocol=pickle.HIGHEST_PROTOCOL)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_dtype_and_layout_comes_back_equal(dtype):
+    base = (torch.randn(3, 5) * 10).to(dtype)
+    views = {"whole": base, "column": base[:, 1], "transposed": base.t(), "scalar": base[0, 0],
+             "empty": base[:0], "odd": base[1, :3]}
+    items = [{"name": name, "t": t, "n": i} for i, (name, t) in enumerate(views.items())]
+    back = _round_trip(items)
+    for sent, got in zip(items, back):
+        assert (got["name"], got["n"]) == (sent["name"], sent["n"])
+        assert got["t"].dtype == dtype and got["t"].shape == sent["t"].shape, sent["name"]
+        assert torch.equal(got["t"], sent["t"]), sent["name"]
+        if got["t"].numel():
+            assert got["t"].data_ptr() % got["t"].element_size() == 0  # aligned for its dtype
+
+
+def test_tensors_share_one_buffer_at_aligned_offsets_and_can_be_written():
+    items = [{"ids": torch.arange(n)} for n in (1, 7, 100)]
+    structure, metas, raw = pack(items)
+    assert ALIGN == 64 and [m[2] for m in metas] == [0, 64, 128]  # 8, 56 and 800 bytes
+    assert len(raw) == 128 + 832
+    back = _round_trip(items)
+    back[1]["ids"].add_(1)  # a writable buffer: in-place ops work and touch only this tensor
+    assert back[1]["ids"].tolist() == list(range(1, 8)) and back[2]["ids"].tolist() == list(range(100))
+
+
+def test_one_tensor_twice_stays_one_and_other_kinds_go_the_ordinary_way():
+    shared = torch.arange(5)
+    param = torch.nn.Parameter(torch.ones(2))
+    grad = torch.ones(2, requires_grad=True)
+    sparse = torch.ones(3).to_sparse()
+    back = _round_trip([shared, shared, param, grad, sparse, "text", 3, None])
+    assert back[0] is back[1] and back[0].tolist() == [0, 1, 2, 3, 4]
+    assert type(back[2]) is torch.nn.Parameter and back[3].requires_grad
+    assert back[4].layout == torch.sparse_coo and back[4].to_dense().tolist() == [1, 1, 1]
+    assert back[5:] == ["text", 3, None]
+
+
+def test_a_chunk_without_tensors_has_an_empty_buffer():
+    structure, metas, raw = pack([{"a": 1}, [2, 3]])
+    assert metas == [] and raw == bytearray()
+    assert _round_trip([{"a": 1}, [2, 3]]) == [{"a": 1}, [2, 3]]
