@@ -1,15 +1,17 @@
 """Graph-level worker copies on GIL-bound per-item work: 1 process vs 2 worker processes vs
 2 worker threads, on the bundled text sample with a pure-Python tokenizer.
 
-    python benchmarks/workers_throughput.py            # ~2 minutes on 2 cores
+    python benchmarks/workers_throughput.py            # ~3 minutes on 2 cores
 
 Each configuration: one warm-up epoch (worker start-up is reported separately), then the
 records/s of ``--epochs`` epochs; configurations alternate, ``--rounds`` times, medians.
+"cores busy" is the machine's non-idle CPU during the timed epochs (Linux ``/proc/stat``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -41,7 +43,16 @@ CONFIGS = {
 }
 
 
-def measure(spec: Path, epochs: int) -> tuple[float, float]:
+def _busy_ticks() -> tuple[int, int] | None:
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    return sum(ticks) - ticks[3] - ticks[4], os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def measure(spec: Path, epochs: int) -> tuple[float, float, float | None]:
     t0 = time.perf_counter()
     with load_graph(spec) as loader:
         first = None
@@ -49,17 +60,21 @@ def measure(spec: Path, epochs: int) -> tuple[float, float]:
             if first is None:
                 first = time.perf_counter() - t0
         n = 0
+        busy0 = _busy_ticks()
         t = time.perf_counter()
         for _ in range(epochs):
             for batch in loader:
                 n += len(batch["index"])
-        return n / (time.perf_counter() - t), first or 0.0
+        dt = time.perf_counter() - t
+        busy1 = _busy_ticks()
+        cores = None if busy0 is None or busy1 is None else (busy1[0] - busy0[0]) / busy0[1] / dt
+        return n / dt, first or 0.0, cores
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=4)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         specs = {}
@@ -69,17 +84,24 @@ def main() -> None:
             specs[name] = path
         rates: dict[str, list[float]] = {n: [] for n in CONFIGS}
         firsts: dict[str, list[float]] = {n: [] for n in CONFIGS}
+        cores: dict[str, list[float]] = {n: [] for n in CONFIGS}
         for _ in range(args.rounds):
             for name, path in specs.items():
-                rate, first = measure(path, args.epochs)
+                rate, first, busy = measure(path, args.epochs)
                 rates[name].append(rate)
                 firsts[name].append(first)
+                if busy is not None:
+                    cores[name].append(busy)
     base = statistics.median(rates["1 process (inline)"])
-    print(f"| configuration | records/s (median of {args.rounds}) | × 1 process | first batch after start |")
-    print("|---|---|---|---|")
+    print(f"| configuration | records/s (median of {args.rounds}) | × 1 process | per round | cores busy "
+          "| first batch after start |")
+    print("|---|---|---|---|---|---|")
     for name in CONFIGS:
         med = statistics.median(rates[name])
-        print(f"| {name} | {med:,.0f} | {med / base:.2f} | {statistics.median(firsts[name]):.2f} s |")
+        rounds = " ".join(f"{r:,.0f}" for r in rates[name])
+        busy = f"{statistics.median(cores[name]):.2f}" if cores[name] else "—"
+        print(f"| {name} | {med:,.0f} | {med / base:.2f} | {rounds} | {busy} "
+              f"| {statistics.median(firsts[name]):.2f} s |")
 
 
 if __name__ == "__main__":

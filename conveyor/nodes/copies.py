@@ -250,8 +250,10 @@ class WorkerCopies(BaseNode):
         method: ``"process"`` or ``"thread"``.
         mp_context: start method for processes (default ``spawn``).
         depth: chunks each worker thread may have ready ahead of the merge.
-        pipe_bytes: kernel buffer of each worker process's pipe (what it may have ready ahead
-            of the merge; Linux caps it at /proc/sys/fs/pipe-max-size, 1 MiB by default).
+        pipe_bytes: kernel buffer of each worker process's pipe: what it may have ready ahead
+            of the merge besides the chunk it is writing (Linux only; capped by
+            /proc/sys/fs/pipe-max-size). 256 KiB holds a few chunks of token ids; more only
+            lets one copy run further ahead of the others while the merge waits on them.
         chunk: most items per hand-off from a worker (fewer if ``max_wait`` seconds pass
             first): each hand-off costs the main process a wake-up and the worker its cache,
             so cheap items travel in big chunks. An epoch starts with chunks of 8, doubling.
@@ -268,7 +270,7 @@ class WorkerCopies(BaseNode):
 
     def __init__(self, factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], *, copies: int,
                  method: str = "process", mp_context: str | None = "spawn", depth: int = 4,
-                 pipe_bytes: int = 1 << 20, run_ahead: bool = True,
+                 pipe_bytes: int = 1 << 18, run_ahead: bool = True,
                  chunk: int = 256, max_wait: float = 0.05, start_timeout: float = 300.0):
         super().__init__()
         if not isinstance(copies, int) or copies < 1:
