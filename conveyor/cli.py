@@ -88,6 +88,15 @@ def show_text(plan: Plan) -> str:
     if copies is not None and copies.count > 1:
         lines.append(f"workers: {copies.count} {copies.method} copies of the graph up to '{copies.until}', "
                      "merged round-robin")
+    from conveyor.graphs.even import uneven_nodes
+
+    uneven, mode = uneven_nodes(plan), getattr(plan, "even_batches", "auto")
+    if mode == "always" or (mode == "auto" and uneven):
+        why = f" ({', '.join(uneven)} can give ranks different counts)" if uneven else ""
+        lines.append(f"ranks: agree on each epoch's last batch under torch.distributed{why}")
+    elif mode == "never" and uneven:
+        lines.append(f"ranks: even_batches: never, though {', '.join(uneven)} can give ranks different "
+                     "counts: balance them yourself or DDP waits on the rank that has more")
     for name, node in plan.nodes.items():
         src = f" <- {', '.join(node.inputs)}" if node.inputs else ""
         lines.append(f"  {name}: {node.op.name}{src}")

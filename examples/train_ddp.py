@@ -5,7 +5,9 @@ loader state beside the model, and resumes exactly after a crash.
     torchrun --nproc_per_node=2 examples/train_ddp.py --ckpt runs/ddp --epochs 3   # resumes
 
 ``shard`` reads rank and world from torch.distributed, and ``equalize`` gives every rank the
-same number of batches, so no rank waits forever at an epoch's end. Each rank writes
+same number of items; where later nodes can still make the counts differ (a filter, a reader
+of records, length buckets), the loaders agree on each epoch's last batch (``even_batches``),
+so no rank waits forever at an epoch's end. Each rank writes
 ``rank<R>-step<N>.pt`` (model, optimizer, its loader state) and keeps the last two; on a
 restart the ranks agree on the newest step that all of them saved (a kill can land between
 two ranks' saves). ``--dcp`` saves through torch.distributed.checkpoint instead, each rank's

@@ -14,3 +14,10 @@ def tag(item, *, rng) -> dict:
     out = dict(item) if isinstance(item, dict) else {"value": item}
     out[f"r{len(out)}"] = rng.random()
     return out
+
+
+def fewer_on_odd_ranks(item) -> bool:
+    """Keep every item on even ranks, only even indices on odd ranks: ranks end up uneven."""
+    import os
+
+    return int(os.environ.get("RANK", 0)) % 2 == 0 or item["index"] % 2 == 0

@@ -42,8 +42,8 @@ def _logs(folder: Path, nproc: int) -> dict[int, list[tuple[int, int, list[int]]
     return out
 
 
-def _run(cmd: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def _run(cmd: list[str], timeout: float = 180, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
@@ -131,3 +131,29 @@ def test_distributed_checkpoint_round_trip(tmp_path: Path) -> None:
     first, second = _logs(tmp_path / "logs1", nproc), _logs(tmp_path / "logs2", nproc)
     for r in range(nproc):
         assert [row for row in first[r] if row[0] <= step] + second[r] == reference[r]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_ranks_with_uneven_counts_after_the_shard_end_each_epoch_together(tmp_path: Path, nproc: int) -> None:
+    spec = tmp_path / "uneven.yaml"
+    spec.write_text((ROOT / "specs/numbers.yaml").read_text().replace(
+        "  shuffle: {op: shuffle_buffer, size: 16}",
+        "  keep:    {op: filter, fn: 'chain_fns:fewer_on_odd_ranks'}\n  shuffle: {op: shuffle_buffer, size: 16}"
+    ).replace("root: examples/data/numbers", f"root: {ROOT}/examples/data/numbers"))
+    env_path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    out = _run(_torchrun(nproc, "--spec", str(spec), "--ckpt", str(tmp_path / "ck"), "--epochs", "2",
+                         "--every", "100", "--log-samples", str(tmp_path / "logs"), "--set", "batch_size=2"),
+               env={"PYTHONPATH": env_path})
+    logs = _logs(tmp_path / "logs", nproc)
+    for epoch in (0, 1):
+        batches = {r: sum(1 for _, e, _ in rows if e == epoch) for r, rows in logs.items()}
+        per_rank = {r: [i for _, e, idx in rows if e == epoch for i in idx] for r, rows in logs.items()}
+        assert len(set(batches.values())) == 1, batches  # without agreeing, DDP would hang here
+        # the even ranks kept all their items but stopped with the odd ones: they had more
+        odd = [i for r, idx in per_rank.items() if r % 2 for i in idx]
+        assert odd and all(i % 2 == 0 for i in odd)
+        if nproc == 2:  # 40 items divide evenly: still disjoint
+            seen = [i for idx in per_rank.values() for i in idx]
+            assert len(seen) == len(set(seen))
+    assert "epoch 0 ends after" in out.stderr  # the cut is said, not silent

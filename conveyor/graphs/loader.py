@@ -8,7 +8,9 @@ the last batch of an epoch resumes at the first batch of the next epoch.
 
 The state is plain data: a format version, the spec's digest and its node params (to name
 what differs when a state does not fit), the epoch, the batches yielded in it, the rank and
-world, and the graph's own state. ``close()`` (or ``with``) stops every thread and process;
+world, and the graph's own state. In a job of several ranks whose graph can give them uneven
+batch counts, every rank ends each epoch at the same batch (``conveyor/graphs/even.py``).
+``close()`` (or ``with``) stops every thread and process;
 a loader nobody closed is closed when it is garbage-collected or the interpreter exits.
 """
 
@@ -21,6 +23,7 @@ from typing import Any, Iterator
 
 from conveyor.errors import StateError
 from conveyor.graphs.compile import Compiled, digest, summary
+from conveyor.graphs.even import agreement_for
 from conveyor.graphs.instrument import node_perf
 
 log = logging.getLogger(__name__)
@@ -85,6 +88,9 @@ class Loader:
         self._closed = False
         self._generation = 0  # which iterator is current: an older one is finished
         self._t_start = 0.0
+        self._agree = agreement_for(compiled.plan, compiled.world)  # even batches across ranks
+        self._cut = False          # this epoch was ended by the ranks' agreement, not by the data
+        self._epochs_cut = 0
         inner = [compiled.nodes[n].inner for n in reversed(compiled.order) if n in compiled.nodes]
         self._finalizer = weakref.finalize(self, _close_nodes, inner)
 
@@ -117,9 +123,14 @@ class Loader:
         self._root.reset(graph_state)
         self._started = True
         self._exhausted = False
+        self._cut = False
         self._t_start = time.perf_counter()
 
     def _restore(self, state: dict) -> None:
+        if state.get("cut"):  # the ranks ended that epoch together: the next one begins
+            self._start(state["epoch"] + 1, None)
+            self._yielded = 0
+            return
         self._start(state["epoch"], state["graph"])
         self._yielded = state["yielded"]
         try:
@@ -145,6 +156,7 @@ class Loader:
     def _next(self, generation: int) -> Any:
         if self._exhausted or not self._started or generation != self._generation:
             raise StopIteration
+        have = True
         if self._peeked:
             item = self._peeked.pop()
             self._peek_state = None
@@ -152,8 +164,20 @@ class Loader:
             try:
                 item = next(self._root)
             except StopIteration:
-                self._exhausted = True
-                raise
+                have = False
+        if self._agree is not None and not self._agree.all_have(have):
+            self._exhausted = True
+            if have:  # another rank ran out first: this rank's rest of the epoch stays unread
+                self._cut = True
+                self._epochs_cut += 1
+                (log.warning if self._epochs_cut == 1 else log.info)(
+                    "rank %d: epoch %d ends after %d batches, where another rank ran out; this rank's "
+                    "remaining batches are left unread (even_batches keeps DDP from hanging)",
+                    self._c.rank, self._epoch, self._yielded)
+            raise StopIteration
+        if not have:
+            self._exhausted = True
+            raise StopIteration
         self._yielded += 1
         return item
 
@@ -177,6 +201,7 @@ class Loader:
             "world": self._c.world,
             "epoch": self._epoch,
             "yielded": self._yielded,
+            "cut": self._cut,
             "graph": self._root.state_dict(),
         }
 
@@ -281,7 +306,9 @@ class Loader:
             entry["perf"] = perf.get(name)
             nodes[name] = entry
         return {"epoch": self._epoch, "batches": self._yielded, "seconds": elapsed,
-                "data_wait_s": round(self._root.seconds, 6), "nodes": nodes}
+                "data_wait_s": round(self._root.seconds, 6), "nodes": nodes,
+                "even_batches": {"agreeing": self._agree is not None, "epochs_cut": self._epochs_cut,
+                                 "this_epoch_cut": self._cut}}
 
     def _perf(self, elapsed: float) -> dict[str, dict[str, Any]]:
         counted = self._c.nodes

@@ -21,12 +21,13 @@ from typing import Any, Mapping
 
 from conveyor.errors import ConveyorError, SpecError, SpecErrors
 from conveyor.graphs.copies_check import check_copies
+from conveyor.graphs.even import MODES as EVEN_MODES
 from conveyor.graphs.params import apply_overrides, did_you_mean, interpolate
 from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, op_names, resolve_fn
 from conveyor.graphs.yaml_loader import Located
 
 SECRET_PARAMS = ("storage_options",)  # never shown; compile.py keeps them out of states too
-TOP_KEYS = ("params", "nodes", "output", "resumable", "workers", "description")
+TOP_KEYS = ("params", "nodes", "output", "resumable", "workers", "even_batches", "description")
 NODE_KEYS = ("op", "input")
 SHUFFLE_AFTER_HEAVY_LIMIT = 64  # a shuffle window bigger than this after a decode is refused
 
@@ -55,6 +56,7 @@ class Plan:
     resumable: bool
     seed: int
     copies: Any = None  # CopiesPlan from the top-level `workers`, or None
+    even_batches: str = "auto"  # auto | always | never: see conveyor/graphs/even.py
 
 
 class _Errors:
@@ -277,6 +279,11 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
         errs.add(f"resumable must be true or false, got {resumable!r}", ("resumable",))
         resumable = True
 
+    even = data.get("even_batches", "auto")
+    if even not in EVEN_MODES:
+        errs.add(f"even_batches must be one of {' | '.join(EVEN_MODES)}, got {even!r}", ("even_batches",))
+        even = "auto"
+
     raw_nodes = data.get("nodes")
     nodes: dict[str, NodePlan] = {}
     if not isinstance(raw_nodes, dict) or not raw_nodes:
@@ -356,7 +363,7 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
     if errs.items:
         raise SpecErrors(errs.items)
     return Plan(doc.path, params, nodes, output, resumable, seed if isinstance(seed, int) else 0,
-                copies)
+                copies, even)
 
 
 def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resumable: bool,

@@ -1,0 +1,131 @@
+"""Even batches across ranks: every rank of a DDP job ends an epoch after the same batch.
+
+``shard``'s ``equalize`` gives each rank the same number of items where the graph shards. Nodes
+after the shard can still make the counts differ by rank: a reader that expands files into
+records, a filter, errors skipped with ``on_error: skip``, length buckets with a token
+budget. Then one rank runs out of batches first and the others wait in DDP's all-reduce for
+ever. When the graph can do that (``uneven_nodes``) and torch.distributed runs with more than
+one rank, the Loader asks the other ranks before it yields each batch (``Agreement``: one
+all-reduce of one int, MIN, over gloo); when any rank has no batch left, every rank ends the
+epoch there. What the other ranks had left is not read (the Loader counts the epochs cut in
+``stats()["even_batches"]`` and logs it), and the state says the epoch ended, so a restore
+starts the next one.
+
+The spec's top-level ``even_batches`` chooses: ``auto`` (the default: agree when the graph can
+yield uneven counts), ``always``, or ``never`` (you balance the ranks yourself, for example
+with ``torch.distributed.algorithms.Join``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "always", "never")
+# ops after which every rank still has as many items as every other, when it had before
+_KEEP_COUNT = frozenset({"shuffle_buffer", "batch", "collate", "pad_collate", "pin_memory", "prefetch",
+                         "to_device"})
+_KEEP_COUNT_UNLESS_SKIPPING = frozenset({"map", "fetch"})
+
+
+def _keeps_count(node: Any) -> bool:
+    op = node.op.name
+    if op in _KEEP_COUNT:
+        return True
+    if op in _KEEP_COUNT_UNLESS_SKIPPING:
+        return getattr(getattr(node.params, "on_error", None), "value", "raise") != "skip"
+    return False
+
+
+def uneven_nodes(plan: Any) -> list[str]:
+    """Nodes after a rank shard that can leave ranks with different counts, in graph order.
+
+    A node counts when one of its inputs is (downstream of) a shard by rank and it may change
+    how many items pass; a shard with ``equalize: none`` counts itself. Nodes upstream of every
+    shard see the same items on every rank, so they cannot make the ranks differ.
+    """
+    sharded: dict[str, bool] = {}
+
+    def below_shard(name: str) -> bool:
+        if name not in sharded:
+            node = plan.nodes[name]
+            sharded[name] = False  # guards a cycle; validate has refused those already
+            sharded[name] = _is_rank_shard(node) or any(below_shard(i) for i in node.inputs)
+        return sharded[name]
+
+    out = []
+    for name, node in plan.nodes.items():
+        if _is_rank_shard(node):
+            if getattr(node.params.equalize, "value", node.params.equalize) == "none":
+                out.append(name)
+        elif any(below_shard(i) for i in node.inputs) and not _keeps_count(node):
+            out.append(name)
+    reach = _reachable(plan)
+    return [n for n in out if n in reach]
+
+
+def _is_rank_shard(node: Any) -> bool:
+    if node.op.name != "shard":
+        return False
+    by = getattr(node.params, "by", ())
+    return "rank" in [getattr(b, "value", b) for b in by]
+
+
+def _reachable(plan: Any) -> set[str]:
+    seen, todo = set(), [plan.output]
+    while todo:
+        n = todo.pop()
+        if n not in seen and n in plan.nodes:
+            seen.add(n)
+            todo.extend(plan.nodes[n].inputs)
+    return seen
+
+
+class Agreement:
+    """Asks every rank, before each batch, whether it has one (an all-reduce MIN over gloo)."""
+
+    def __init__(self) -> None:
+        self._group: Any = None
+        self._ready = False
+
+    def _group_for_cpu(self) -> Any:
+        import torch.distributed as dist
+
+        if not self._ready:  # made lazily: every rank reaches its first batch, so all make it
+            backend = str(dist.get_backend())
+            self._group = None if "gloo" in backend else dist.new_group(backend="gloo")
+            self._ready = True
+        return self._group
+
+    def all_have(self, have: bool) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if have else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group_for_cpu())
+        return bool(flag.item())
+
+
+def agreement_for(plan: Any, world: int) -> Agreement | None:
+    """The Agreement a loader of ``plan`` needs in a job of ``world`` ranks, or None."""
+    mode = getattr(plan, "even_batches", "auto")
+    if world <= 1 or mode == "never":
+        return None
+    uneven = uneven_nodes(plan)
+    if mode == "auto" and not uneven:
+        return None
+    try:
+        import torch.distributed as dist
+
+        initialized = dist.is_available() and dist.is_initialized()
+    except ImportError:
+        initialized = False
+    if not initialized:
+        log.warning("%s: %d ranks (from RANK/WORLD_SIZE) but torch.distributed is not initialised, so "
+                    "the ranks cannot agree on each epoch's last batch%s; call "
+                    "torch.distributed.init_process_group() before load_graph()", plan.path, world,
+                    f" (nodes {', '.join(uneven)} can give them different counts)" if uneven else "")
+        return None
+    return Agreement()
