@@ -25,6 +25,7 @@ SPECS = sorted((ROOT / "specs").glob("*.yaml"))
 OVERRIDES = {
     "numbers.yaml": {"batch_size": 3},
     "imagenet.yaml": {"batch_size": 16, "image_size": 32},
+    "imagenet-procs.yaml": {"batch_size": 16, "image_size": 32},
     "imagenet-eval.yaml": {"batch_size": 16, "image_size": 32, "resize": 40},
     "imagenet-shards.yaml": {"batch_size": 16, "image_size": 32, "shuffle_window": 8},
 }
