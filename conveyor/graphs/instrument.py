@@ -111,10 +111,8 @@ def _queue_probe(inner: BaseNode) -> tuple[Callable[[], int], int] | None:
         if isinstance(inner, Map) and inner._pm is not None:
             it = inner._pm._it._it
             return it._out_q.qsize, int(it._max_tasks)
-        if isinstance(inner, WorkerCopies) and inner._out:
-            queues = list(inner._out)
-            queues[0].qsize()  # raises where qsize is not implemented
-            return (lambda: sum(q.qsize() for q in queues)), int(inner.depth) * len(queues)
+        if isinstance(inner, WorkerCopies):
+            return inner.ready, int(inner.chunk) * inner.copies
     except (AttributeError, NotImplementedError, OSError, TypeError):
         return None
     return None

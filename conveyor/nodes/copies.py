@@ -431,6 +431,10 @@ class WorkerCopies(BaseNode):
             return item
         raise StopIteration
 
+    def ready(self) -> int:
+        """Items received from the workers and not yet taken (in pipes: not counted)."""
+        return sum(len(c) - t for c, t in zip(self._chunk, self._taken))
+
     def get_state(self) -> dict:
         states = [{BASE_KEY: base, SKIP_KEY: taken} for base, taken in zip(self._base, self._taken)]
         return {self.COPIES_KEY: states, self.NEXT_KEY: self._next, self.DONE_KEY: list(self._done)}
