@@ -58,7 +58,8 @@ def test_a_thread_shared_by_slow_nodes_is_named(write_spec):
         before_out='  pin:     {op: map, fn: "planted_fns:slow", args: {ms: 12}}')))
     result = run_bench(plan, seconds=SECONDS, warmup=0.4)
     assert result.bottleneck == "thread:pin", result.sentence
-    assert result.sentence.startswith("one thread runs batch to pin and limits the graph: ")
+    # decode's threads map; its input is read in the thread that asks it, so from the files on
+    assert result.sentence.startswith("one thread runs files to pin and limits the graph: ")
     assert "collate" in result.sentence and result.nodes["pin"]["perf"]["thread"] == "pin"
     assert result.nodes["decode"]["perf"]["thread"] == "pin"  # its consumer's thread waits on it
 

@@ -108,6 +108,8 @@ def _queue_probe(inner: BaseNode) -> tuple[Callable[[], int], int] | None:
         if isinstance(inner, Prefetch):
             q = inner._pf._it._q  # type: ignore[union-attr]
             return q.qsize, int(inner.depth)
+        if isinstance(inner, Map) and inner._pool is not None:
+            return inner._pool.ready, int(inner._pool.window)
         if isinstance(inner, Map) and inner._pm is not None:
             it = inner._pm._it._it
             return it._out_q.qsize, int(it._max_tasks)

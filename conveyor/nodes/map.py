@@ -1,7 +1,9 @@
 """map: apply a function to every item, in order, in threads or processes.
 
-``fn(item, **args)`` runs inline (``workers=0``) or on ``workers`` threads or processes
-(torchdata's ``ParallelMapper``, ordered). If ``fn`` takes an ``rng`` argument it receives a
+``fn(item, **args)`` runs inline (``workers=0``) or on ``workers`` threads or processes.
+Ordered threads run in ``OrderedThreads`` (``_pool.py``), whose threads live as long as the
+node: no pool is torn down and rebuilt each epoch. Processes, and threads with
+``ordered=False``, run in torchdata's ``ParallelMapper``. If ``fn`` takes an ``rng`` argument it receives a
 ``random.Random`` seeded from (seed, epoch, sample index), where the sample index is the
 item's ``"index"`` field when it has one (list_files records do) and the item's position in
 this node's input otherwise (then the rank is mixed in too). Outputs therefore never depend
@@ -25,6 +27,7 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode, ParallelMapper
 
+from conveyor.nodes._pool import OrderedThreads
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._threads import CarryErrors, Raised, shutdown_torchdata
 from conveyor.nodes._skips import log_skip
@@ -161,7 +164,12 @@ class Map(BaseNode):
         self.snapshot_every = snapshot_every
         self.ordered = ordered
         self.skipped = 0
-        self._pm: ParallelMapper | None = None
+        self._pm: ParallelMapper | None = None  # processes, or threads unordered
+        self._pool: OrderedThreads | None = None  # threads, in order: persists across epochs
+        if workers and method == "thread" and ordered:
+            self._pool = OrderedThreads(self.source, self.call, workers=workers,
+                                        window=max_concurrent or 2 * workers,
+                                        snapshot_every=snapshot_every)
 
     def set_epoch(self, epoch: int) -> None:
         self.call.epoch = epoch
@@ -173,23 +181,31 @@ class Map(BaseNode):
         if self._pm is not None:
             shutdown_torchdata(self._pm)
             self._pm = None
+        if self._pool is not None:
+            self._pool.close()
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        self.close()
+        if self._pm is not None:
+            shutdown_torchdata(self._pm)
+            self._pm = None
         pm_state = None
         self.skipped = 0 if initial_state is None else initial_state.get(self.SKIPPED_KEY, 0)
+        inline = self.workers == 0 or self._pool is not None  # the input is read in this thread
         if initial_state is None:
-            if self.workers == 0:
+            if inline:
                 self.source.reset()
         else:
             src, skip = initial_state[self.SOURCE_KEY], initial_state[self.SKIP_KEY]
-            if self.workers == 0 or skip:
+            if inline or skip:
                 self.source.reset(src)
                 for _ in range(skip):
                     next(self.source)  # emitted before the save: re-read, not re-mapped
                 src = self.source.state_dict()
             pm_state = {ParallelMapper.IT_STATE_KEY: {"snapshot": src, "steps_since_snapshot": 0}}
+        if self._pool is not None:
+            self._pool.start()
+            return
         if self.workers == 0:
             return
         self._pm = ParallelMapper(
@@ -200,7 +216,12 @@ class Map(BaseNode):
 
     def next(self):
         while True:
-            out = next(self._pm) if self._pm is not None else self.call(next(self.source))
+            if self._pool is not None:
+                out = next(self._pool)
+            elif self._pm is not None:
+                out = next(self._pm)
+            else:
+                out = self.call(next(self.source))
             if isinstance(out, Raised):
                 raise out.exc
             if not isinstance(out, _Failed):
@@ -216,6 +237,9 @@ class Map(BaseNode):
         log_skip(log, self.skipped, f"{self.where}: skipped an item ({failed.text})")
 
     def get_state(self) -> dict:
+        if self._pool is not None:
+            src, skip = self._pool.position()
+            return {self.SOURCE_KEY: src, self.SKIP_KEY: skip, self.SKIPPED_KEY: self.skipped}
         if self._pm is None:
             return {self.SOURCE_KEY: self.source.state_dict(), self.SKIP_KEY: 0,
                     self.SKIPPED_KEY: self.skipped}
