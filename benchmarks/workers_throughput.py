@@ -1,7 +1,7 @@
 """Graph-level worker copies on GIL-bound per-item work: 1 process vs 2 worker processes vs
 2 worker threads, on the bundled text sample with a pure-Python tokenizer.
 
-    python benchmarks/workers_throughput.py            # ~3 minutes on 2 cores
+    python benchmarks/workers_throughput.py            # ~2.5 minutes on 2 cores
 
 Each configuration: one warm-up epoch (worker start-up is reported separately), then the
 records/s of ``--epochs`` epochs; configurations alternate, ``--rounds`` times, medians.
@@ -74,7 +74,7 @@ def measure(spec: Path, epochs: int) -> tuple[float, float, float | None]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=8)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         specs = {}
