@@ -13,7 +13,9 @@ starts the next one.
 
 The spec's top-level ``even_batches`` chooses: ``auto`` (the default: agree when the graph can
 yield uneven counts), ``always``, or ``never`` (you balance the ranks yourself, for example
-with ``torch.distributed.algorithms.Join``).
+with ``torch.distributed.algorithms.Join``). Ranks that agree must all iterate their loaders:
+a loader read on one rank only (an evaluation on rank 0, say) needs ``even_batches: never``,
+or it waits for the others at its first batch.
 """
 
 from __future__ import annotations
