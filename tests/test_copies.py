@@ -156,3 +156,23 @@ def test_a_worker_that_exits_at_start_is_named_with_a_hint() -> None:
             node.reset(None)
     finally:
         node.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_mid_epoch_is_an_error_naming_the_signal() -> None:
+    import os
+    import signal
+
+    from conveyor.nodes.copies import WorkerCopies
+    from helpers_fns import endless_big_items
+
+    node = WorkerCopies(endless_big_items, copies=2, method="process")
+    try:
+        node.reset(None)
+        next(node)
+        os.kill(node._workers[1].pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="worker copy 1 was killed by SIGKILL: often the out-of-memory killer"):
+            for _ in range(100):  # what it sent before it died comes first
+                next(node)
+    finally:
+        node.close()

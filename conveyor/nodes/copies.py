@@ -91,7 +91,7 @@ class _PipeIn:
     def get(self, timeout: float | None = None) -> tuple:
         if not self.conn.poll(timeout):
             raise queue.Empty
-        return pickle.loads(self.conn.recv_bytes())  # EOFError: the worker is gone
+        return pickle.loads(self.conn.recv_bytes())  # EOFError, OSError: the worker is gone
 
     def close(self) -> None:
         self.conn.close()
@@ -338,11 +338,14 @@ class WorkerCopies(BaseNode):
         while True:
             try:
                 msg = self._out[w].get(timeout=_POLL)
-            except (queue.Empty, EOFError) as gone:
-                if isinstance(gone, EOFError):
-                    self._workers[w].join(timeout=5)  # it closed its pipe: it is exiting
+            except (queue.Empty, EOFError, OSError) as gone:
+                broken = not isinstance(gone, queue.Empty)
+                if broken:  # its pipe closed, maybe half-way through a message: it is exiting
+                    self._workers[w].join(timeout=5)
                 if not self._workers[w].is_alive():
-                    raise RuntimeError(f"worker copy {w} {_death(self._workers[w])}")
+                    raise RuntimeError(f"worker copy {w} {_death(self._workers[w])}") from None
+                if broken:
+                    raise RuntimeError(f"worker copy {w}: its pipe broke ({gone})") from gone
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"worker copy {w} did not start within {timeout:.0f} s")
                 continue
