@@ -36,7 +36,7 @@ def test_tensors_share_one_buffer_at_aligned_offsets_and_can_be_written():
     items = [{"ids": torch.arange(n)} for n in (1, 7, 100)]
     structure, metas, raw = pack(items)
     assert ALIGN == 64 and [m[2] for m in metas] == [0, 64, 128]  # 8, 56 and 800 bytes
-    assert len(raw) == 128 + 832
+    assert raw.raw().nbytes == 128 + 832
     back = _round_trip(items)
     back[1]["ids"].add_(1)  # a writable buffer: in-place ops work and touch only this tensor
     assert back[1]["ids"].tolist() == list(range(1, 8)) and back[2]["ids"].tolist() == list(range(100))
@@ -54,7 +54,19 @@ def test_one_tensor_twice_stays_one_and_other_kinds_go_the_ordinary_way():
     assert back[5:] == ["text", 3, None]
 
 
+def test_the_buffer_travels_out_of_band_and_unpacks_unpickled_too():
+    items = [{"ids": torch.arange(10)}, {"ids": torch.arange(3)}]
+    oob: list = []
+    body = pickle.dumps(pack(items), protocol=5, buffer_callback=oob.append)
+    assert len(oob) == 1 and oob[0].raw().nbytes == 128 + 64  # 80 and 24 bytes, not in the pickle
+    assert len(body) < 400
+    back = unpack(pickle.loads(body, buffers=[bytearray(b.raw()) for b in oob]))
+    assert [b["ids"].tolist() for b in back] == [list(range(10)), list(range(3))]
+    direct = unpack(pack(items))  # same process, no pickling (as worker threads would)
+    assert [b["ids"].tolist() for b in direct] == [list(range(10)), list(range(3))]
+
+
 def test_a_chunk_without_tensors_has_an_empty_buffer():
     structure, metas, raw = pack([{"a": 1}, [2, 3]])
-    assert metas == [] and raw == bytearray()
+    assert metas == [] and raw.raw().nbytes == 0
     assert _round_trip([{"a": 1}, [2, 3]]) == [{"a": 1}, [2, 3]]

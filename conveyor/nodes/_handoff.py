@@ -56,8 +56,12 @@ class _Unpickler(pickle.Unpickler):
         return self.tensors[pid]
 
 
-def pack(items: Any) -> tuple[bytes, list, bytearray]:
-    """``items`` as (pickled structure, tensor metas, one buffer of the tensors' bytes)."""
+def pack(items: Any) -> tuple[bytes, list, pickle.PickleBuffer]:
+    """``items`` as (pickled structure, tensor metas, one buffer of the tensors' bytes).
+
+    The buffer is a ``PickleBuffer``: pickled with protocol 5 and a ``buffer_callback`` it
+    travels out of band (``_pipes`` writes it straight from memory), else in band.
+    """
     tensors: list[torch.Tensor] = []
     buf = io.BytesIO()
     _Pickler(buf, tensors).dump(items)
@@ -70,12 +74,14 @@ def pack(items: Any) -> tuple[bytes, list, bytearray]:
             t = t.view(torch.int16)
         raw += t.numpy().data if t.dim() else t.reshape(1).numpy().data
         raw += _PADS[-len(raw) % ALIGN]
-    return buf.getvalue(), metas, raw
+    return buf.getvalue(), metas, pickle.PickleBuffer(raw)
 
 
-def unpack(packed: tuple[bytes, list, bytearray]) -> Any:
+def unpack(packed: tuple[bytes, list, Any]) -> Any:
     """The items of ``pack``, their tensors views of one buffer."""
     structure, metas, raw = packed
+    if isinstance(raw, pickle.PickleBuffer):  # not pickled on the way
+        raw = raw.raw()
     tensors = []
     for dtype, shape, offset in metas:
         count = 1

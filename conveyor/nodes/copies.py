@@ -38,6 +38,7 @@ from typing import Any, Callable
 from torchdata.nodes import BaseNode
 
 from conveyor.nodes._handoff import pack, unpack
+from conveyor.nodes._pipes import PipeOut, make_pipe
 
 log = logging.getLogger(__name__)
 
@@ -67,36 +68,6 @@ def _portable(exc: BaseException) -> BaseException:
         return RuntimeError("".join(traceback.format_exception(exc)))
 
 
-class _PipeOut:
-    """A worker's end of its output pipe: ``put`` pickles and writes in the calling thread.
-
-    ``multiprocessing.Queue`` hands every put to a feeder thread, which must win the GIL from
-    the worker's own (busy, pure-Python) thread first; a pipe written directly does not wait
-    for that. A full pipe blocks ``put``: that is the back-pressure.
-    """
-
-    def __init__(self, conn: Any):
-        self.conn = conn
-
-    def put(self, msg: tuple, timeout: float | None = None) -> None:
-        self.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-class _PipeIn:
-    """The main process's end of a worker's output pipe, with ``queue.Queue``'s ``get``."""
-
-    def __init__(self, conn: Any):
-        self.conn = conn
-
-    def get(self, timeout: float | None = None) -> tuple:
-        if not self.conn.poll(timeout):
-            raise queue.Empty
-        return pickle.loads(self.conn.recv_bytes())  # EOFError, OSError: the worker is gone
-
-    def close(self) -> None:
-        self.conn.close()
-
-
 def _death(worker: Any) -> str:
     """Why a worker that sent no error is gone, in words."""
     code = getattr(worker, "exitcode", None)
@@ -109,18 +80,6 @@ def _death(worker: Any) -> str:
                 "under spawn a worker imports the main script again, so a script that starts the "
                 "loader at import time needs `if __name__ == '__main__':`")
     return f"stopped (exit code {code}) without an error message; look for a crash in native code"
-
-
-def _pipe(ctx: Any, size: int) -> tuple[_PipeIn, Any]:
-    """A one-way pipe whose kernel buffer holds ``size`` bytes where Linux allows it."""
-    read, write = ctx.Pipe(duplex=False)
-    try:
-        import fcntl
-
-        fcntl.fcntl(write.fileno(), fcntl.F_SETPIPE_SZ, size)
-    except (ImportError, AttributeError, OSError):
-        pass  # the default (64 KiB on Linux) still works, with less read-ahead
-    return _PipeIn(read), write
 
 
 def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
@@ -136,7 +95,7 @@ def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: i
     what it asks for next, and drops them otherwise.
     """
     if by_value:
-        out_q = _PipeOut(out_q)
+        out_q = PipeOut(out_q)
         import torch
 
         # N copies already use the cores: torch's own intra-op threads would only contend
@@ -317,7 +276,7 @@ class WorkerCopies(BaseNode):
         for w in range(self.copies):
             cmd_q = make_q()
             if by_value:
-                out_q, child_end = _pipe(ctx, self.pipe_bytes)
+                out_q, child_end = make_pipe(ctx, self.pipe_bytes)
             else:
                 out_q = child_end = make_q(maxsize=self.depth)
             worker = make_worker(target=_worker_loop, args=(self.factory, w, cmd_q, child_end, self._stop,
