@@ -70,3 +70,17 @@ def test_a_chunk_without_tensors_has_an_empty_buffer():
     structure, metas, raw = pack([{"a": 1}, [2, 3]])
     assert metas == [] and raw.raw().nbytes == 0
     assert _round_trip([{"a": 1}, [2, 3]]) == [{"a": 1}, [2, 3]]
+
+
+def test_big_tensors_go_through_shared_memory_when_asked():
+    from conveyor.nodes._handoff import SHARE_MIN_BYTES
+
+    big = torch.arange(SHARE_MIN_BYTES // 8, dtype=torch.int64)
+    small = torch.arange(5)
+    structure, metas, raw = pack([{"big": big, "small": small}], share=True)
+    assert [m[1] for m in metas] == [(5,)]  # only the small one is packed by value
+    back = unpack(pickle.loads(pickle.dumps((structure, metas, raw), protocol=5)))
+    assert back[0]["big"].is_shared() and torch.equal(back[0]["big"], big)
+    assert torch.equal(back[0]["small"], small)
+    _, metas, _ = pack([{"big": big}])  # not asked: by value
+    assert [m[1] for m in metas] == [tuple(big.shape)]

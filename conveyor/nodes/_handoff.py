@@ -10,6 +10,12 @@ copies the tensors' bytes into one ``bytearray`` (each at a multiple of 64 bytes
 
 The tensors of one chunk share the chunk's buffer: keeping one keeps the chunk's bytes
 (tens of KB) alive, as a view would.
+
+``share=True`` (worker processes) leaves tensors of ``SHARE_MIN_BYTES`` (1 MiB) and more to
+torch's own multiprocessing reduction: the tensor moves to shared memory and its file
+descriptor is passed, as DataLoader does with its batches; the main process maps it, no bytes
+cross the pipe. A 4.8 MB image batch: 5 ms instead of 10 per hand-off (``_pipes``' direct
+writes), 16-20 ms through ``Connection.send_bytes``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 import torch
 
 ALIGN = 64
+SHARE_MIN_BYTES = 1 << 20  # with share=True, tensors this big go through shared memory
 _PADS = [bytes(n) for n in range(ALIGN)]
 _PACKABLE = frozenset({
     torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
@@ -30,8 +37,10 @@ _Tensor, _STRIDED = torch.Tensor, torch.strided
 
 
 class _Pickler(pickle.Pickler):
+    share_min: float = float("inf")
+
     def __init__(self, file: io.BytesIO, tensors: list):
-        super().__init__(file, protocol=5)
+        super().__init__(file, 5)  # positional: ForkingPickler passes only *args on
         self.tensors = tensors
         self.seen: dict[int, int] = {}  # id(tensor) -> its number: one tensor twice stays one
 
@@ -40,6 +49,8 @@ class _Pickler(pickle.Pickler):
         if type(obj) is not _Tensor or obj.requires_grad or obj.layout is not _STRIDED \
                 or not obj.is_cpu or obj.dtype not in _PACKABLE:
             return None
+        if obj.numel() * obj.element_size() >= self.share_min:
+            return None  # torch's own reduction: moved to shared memory, its fd sent
         pid = self.seen.get(id(obj))
         if pid is None:
             pid = self.seen[id(obj)] = len(self.tensors)
@@ -56,7 +67,23 @@ class _Unpickler(pickle.Unpickler):
         return self.tensors[pid]
 
 
-def pack(items: Any) -> tuple[bytes, list, pickle.PickleBuffer]:
+def _sharing_pickler() -> type:
+    global _SharingPickler
+    if _SharingPickler is None:
+        import torch.multiprocessing  # noqa: F401 - registers torch's reductions
+        from multiprocessing.reduction import ForkingPickler
+
+        class _Sharing(_Pickler, ForkingPickler):
+            share_min = SHARE_MIN_BYTES
+
+        _SharingPickler = _Sharing
+    return _SharingPickler
+
+
+_SharingPickler: type | None = None
+
+
+def pack(items: Any, *, share: bool = False) -> tuple[bytes, list, pickle.PickleBuffer]:
     """``items`` as (pickled structure, tensor metas, one buffer of the tensors' bytes).
 
     The buffer is a ``PickleBuffer``: pickled with protocol 5 and a ``buffer_callback`` it
@@ -64,7 +91,7 @@ def pack(items: Any) -> tuple[bytes, list, pickle.PickleBuffer]:
     """
     tensors: list[torch.Tensor] = []
     buf = io.BytesIO()
-    _Pickler(buf, tensors).dump(items)
+    (_sharing_pickler() if share else _Pickler)(buf, tensors).dump(items)
     metas, raw = [], bytearray()
     for t in tensors:
         metas.append((t.dtype, tuple(t.shape), len(raw)))

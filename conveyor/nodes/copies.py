@@ -77,8 +77,9 @@ def _death(worker: Any) -> str:
         return f"was killed by {name}{hint}"
     if code == 1:
         return ("exited with code 1 before it could report an error (its traceback is on stderr); "
-                "under spawn a worker imports the main script again, so a script that starts the "
-                "loader at import time needs `if __name__ == '__main__':`")
+                "if that shows it importing your script: under spawn a worker imports the main "
+                "script again, so a script that starts the loader at import time needs "
+                "`if __name__ == '__main__':`")
     return f"stopped (exit code {code}) without an error message; look for a crash in native code"
 
 
@@ -105,6 +106,12 @@ def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: i
         _serve(factory, w, cmd_q, out_q, stop, chunk, max_wait, by_value, run_ahead)
     except (BrokenPipeError, EOFError):
         pass  # the main process closed its end: it is gone or closing
+    except BaseException as exc:  # noqa: BLE001 - a failure outside the graph's items: say it
+        try:
+            out_q.put((-1, _ERR, _portable(exc), None, None))
+        except Exception:  # noqa: BLE001 - the pipe is gone too: the exit code tells
+            pass
+        raise
 
 
 def _serve(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
@@ -183,10 +190,10 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
         except BaseException as exc:  # noqa: BLE001
             msg = (key, _ERR, _portable(exc), None, None)
             if items:  # deliver what came before the error first
-                out_q.put((key, _ITEMS, pack(items) if by_value else items, base, None))
+                out_q.put((key, _ITEMS, pack(items, share=True) if by_value else items, base, None))
             continue
         if items:
-            payload = pack(items) if by_value else items
+            payload = pack(items, share=True) if by_value else items
             msg = (key, _ITEMS, payload, base, _stats_of(nodes))
             if end:  # send the items now, the end with the next round
                 out_q.put(msg)
@@ -369,7 +376,12 @@ class WorkerCopies(BaseNode):
             return False
         _, _, payload, base, stats = msg
         self._base[w], self._taken[w] = base, 0
-        self._chunk[w] = unpack(payload) if isinstance(payload, tuple) else payload
+        try:
+            self._chunk[w] = unpack(payload) if isinstance(payload, tuple) else payload
+        except (OSError, EOFError) as exc:  # a shared-memory tensor whose sender is gone
+            self._workers[w].join(timeout=5)
+            why = _death(self._workers[w]) if not self._workers[w].is_alive() else "is unreachable"
+            raise RuntimeError(f"worker copy {w} {why} (while handing over a chunk: {exc})") from None
         if stats:
             self._stats[w] = stats
         return True
