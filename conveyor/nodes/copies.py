@@ -11,13 +11,13 @@ The workers persist across epochs: each epoch the node sends every worker the ep
 state to start from, except when the next epoch simply follows a whole one: then the workers
 have already gone on into it (``run_ahead``), so no copy idles while the main process drains
 the end of an epoch. Worker processes send through a pipe each, written from the worker's
-own thread, with their tensors packed into one buffer per chunk (``_handoff``), and run
-torch with one intra-op thread. Items come back in chunks (a per-item hand-off between
-processes costs more than cheap items), each chunk with its copy's state before its first
-item; the node's
-state is, per copy, that chunk state and how many of its items were taken, plus the turn and
-which copies are done. A restore sends each copy its own state (the copy re-runs the few
-items taken from the chunk and drops them), so nothing in flight is lost or repeated.
+own thread (``_pipes``): small tensors packed into one buffer per chunk, big ones through
+shared memory (``_handoff``); they run torch with one intra-op thread. Items come back in
+chunks (a per-item hand-off between processes costs more than cheap items), each chunk with
+its copy's state before its first item; the node's state is, per copy, that chunk state and
+how many of its items were taken, plus the turn and which copies are done. A restore sends
+each copy its own state (the copy re-runs the few items taken from the chunk and drops them),
+so nothing in flight is lost or repeated.
 Workers start under ``spawn`` by default (safe with the threads a loader runs); ``factory``
 must then be picklable. Errors in a worker come back as the original exception when it can be
 pickled, else as a ``RuntimeError`` with its text; a worker that dies is an error, not a hang.
@@ -90,8 +90,8 @@ def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: i
 
     Items travel in chunks (8 items first, doubling up to ``chunk``, or what ``max_wait``
     seconds gave), each with the copy's state before its first item; ``by_value`` packs a
-    chunk's tensors into one buffer here (see ``_handoff``), so they cross as bytes, not a
-    file descriptor each. With ``run_ahead``, a copy that sent the end of epoch e goes on
+    chunk's small tensors into one buffer and moves big ones to shared memory here (see
+    ``_handoff``). With ``run_ahead``, a copy that sent the end of epoch e goes on
     into epoch e + 1 from its start, unasked: the main process takes those items if that is
     what it asks for next, and drops them otherwise.
     """
@@ -146,7 +146,7 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
                state: dict | None, chunk: int, max_wait: float, by_value: bool) -> tuple[Any, bool]:
     """Send one epoch of the copy, tagged with ``key``; returns (a command that came in
     meanwhile, whether the epoch was sent to its end)."""
-    gen, epoch = key
+    epoch = key[1]
     try:
         for node in nodes.values():
             if hasattr(node, "items"):
@@ -220,6 +220,8 @@ class WorkerCopies(BaseNode):
             of the merge besides the chunk it is writing (Linux only; capped by
             /proc/sys/fs/pipe-max-size). 256 KiB holds a few chunks of token ids; more only
             lets one copy run further ahead of the others while the merge waits on them.
+        run_ahead: a worker that ended an epoch goes on into the next from its start, unasked
+            (taken when the next ``reset`` asks for exactly that; dropped otherwise).
         chunk: most items per hand-off from a worker (fewer if ``max_wait`` seconds pass
             first): each hand-off costs the main process a wake-up and the worker its cache,
             so cheap items travel in big chunks. An epoch starts with chunks of 8, doubling.
