@@ -58,6 +58,8 @@ def test_even_batches_takes_three_values(tmp_path: Path) -> None:
 class _StopAfter:
     """Stands for the other ranks: they have batches for ``n`` steps, then none."""
 
+    active = True
+
     def __init__(self, n: int):
         self.n = n
 
@@ -101,3 +103,16 @@ def test_show_says_when_the_ranks_agree() -> None:
     text = show_text(check_spec(ROOT / "specs/text.yaml"))
     assert "ranks: agree on each epoch's last batch under torch.distributed (read, batch can give" in text
     assert "ranks:" not in show_text(check_spec(ROOT / "specs/numbers.yaml"))
+
+
+def test_without_a_process_group_the_ranks_cannot_agree_and_it_is_said_once(caplog) -> None:
+    from conveyor.graphs.even import Agreement
+
+    agree = Agreement("spec.yaml", ["read", "batch"])
+    with caplog.at_level("WARNING", logger="conveyor.graphs.even"):
+        assert agree.all_have(True) is True and agree.all_have(False) is False  # batches pass
+        agree.all_have(True)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "torch.distributed is not initialised" in warned[0]
+    assert "nodes read, batch can give them different counts" in warned[0]
+    assert agree.active is False

@@ -86,27 +86,48 @@ def _reachable(plan: Any) -> set[str]:
 
 
 class Agreement:
-    """Asks every rank, before each batch, whether it has one (an all-reduce MIN over gloo)."""
+    """Asks every rank, before each batch, whether it has one (an all-reduce MIN over gloo).
 
-    def __init__(self) -> None:
+    Whether torch.distributed is initialised is looked at on the first batch, not when the
+    loader is built: a job may build its loaders before ``init_process_group``. Without it the
+    ranks cannot agree; that is said once and every batch passes.
+    """
+
+    def __init__(self, path: str = "?", uneven: list[str] | None = None) -> None:
+        self.path = path
+        self.uneven = list(uneven or [])
+        self.active: bool | None = None  # None: not looked yet
         self._group: Any = None
-        self._ready = False
 
-    def _group_for_cpu(self) -> Any:
-        import torch.distributed as dist
+    def _start(self) -> bool:
+        try:
+            import torch.distributed as dist
 
-        if not self._ready:  # made lazily: every rank reaches its first batch, so all make it
-            backend = str(dist.get_backend())
-            self._group = None if "gloo" in backend else dist.new_group(backend="gloo")
-            self._ready = True
-        return self._group
+            self.active = dist.is_available() and dist.is_initialized()
+        except ImportError:
+            self.active = False
+        if not self.active:
+            log.warning("%s: several ranks (from RANK/WORLD_SIZE) but torch.distributed is not "
+                        "initialised, so they cannot agree on each epoch's last batch%s; call "
+                        "torch.distributed.init_process_group() before the first batch", self.path,
+                        f" (nodes {', '.join(self.uneven)} can give them different counts)"
+                        if self.uneven else "")
+            return False
+        backend = str(dist.get_backend())
+        # every rank reaches its first batch, so every rank makes this group, in the same order
+        self._group = None if "gloo" in backend else dist.new_group(backend="gloo")
+        return True
 
     def all_have(self, have: bool) -> bool:
+        if self.active is None:
+            self._start()
+        if not self.active:
+            return have
         import torch
         import torch.distributed as dist
 
         flag = torch.tensor([1 if have else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group_for_cpu())
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
         return bool(flag.item())
 
 
@@ -118,16 +139,4 @@ def agreement_for(plan: Any, world: int) -> Agreement | None:
     uneven = uneven_nodes(plan)
     if mode == "auto" and not uneven:
         return None
-    try:
-        import torch.distributed as dist
-
-        initialized = dist.is_available() and dist.is_initialized()
-    except ImportError:
-        initialized = False
-    if not initialized:
-        log.warning("%s: %d ranks (from RANK/WORLD_SIZE) but torch.distributed is not initialised, so "
-                    "the ranks cannot agree on each epoch's last batch%s; call "
-                    "torch.distributed.init_process_group() before load_graph()", plan.path, world,
-                    f" (nodes {', '.join(uneven)} can give them different counts)" if uneven else "")
-        return None
-    return Agreement()
+    return Agreement(plan.path, uneven)

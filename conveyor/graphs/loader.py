@@ -307,7 +307,8 @@ class Loader:
             nodes[name] = entry
         return {"epoch": self._epoch, "batches": self._yielded, "seconds": elapsed,
                 "data_wait_s": round(self._root.seconds, 6), "nodes": nodes,
-                "even_batches": {"agreeing": self._agree is not None, "epochs_cut": self._epochs_cut,
+                "even_batches": {"agreeing": self._agree is not None and self._agree.active is not False,
+                                 "epochs_cut": self._epochs_cut,
                                  "this_epoch_cut": self._cut}}
 
     def _perf(self, elapsed: float) -> dict[str, dict[str, Any]]:
