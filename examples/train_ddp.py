@@ -13,6 +13,8 @@ restart the ranks agree on the newest step that all of them saved (a kill can la
 two ranks' saves). ``--dcp`` saves through torch.distributed.checkpoint instead, each rank's
 loader state under its own key.
 ``--log-samples DIR`` appends ``step epoch idx,idx,...`` lines to ``DIR/rank<R>.log``.
+``--spec`` takes the numbers sample (default), an ImageNet spec or specs/text.yaml (whose ranks
+get uneven record counts: the loaders agree on each epoch's last batch).
 """
 
 from __future__ import annotations
@@ -48,15 +50,38 @@ class LoaderState:
         self.loader.load_state_dict(json.loads(state["json"]))
 
 
+class BagOfTokens(nn.Module):
+    """Mean of token embeddings (padding masked out) -> 2 classes: enough to train on text."""
+
+    def __init__(self, vocab: int = 1 << 16):
+        super().__init__()
+        self.vocab = vocab
+        self.embed = nn.Embedding(vocab, 16)
+        self.out = nn.Linear(16, 2)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        weights = mask.float().unsqueeze(-1)
+        mean = (self.embed(ids % self.vocab) * weights).sum(1) / weights.sum(1).clamp(min=1)
+        return self.out(mean)
+
+
 def make_model(batch: dict) -> nn.Module:
     if "image" in batch:
         return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                              nn.Flatten(), nn.Linear(8, 10))
+    if "input_ids" in batch:
+        return BagOfTokens()
     return nn.Linear(batch["x"].shape[1], 2)
 
 
-def inputs_of(batch: dict) -> torch.Tensor:
-    return batch["image"].float() / 255 if "image" in batch else batch["x"]
+def forward(model: nn.Module, batch: dict) -> torch.Tensor:
+    """The loss of one batch: images, text (token ids with a mask) or the numbers sample."""
+    if "image" in batch:
+        return nn.functional.cross_entropy(model(batch["image"].float() / 255), batch["label"])
+    if "input_ids" in batch:  # no labels in the text sample: learn the length's parity
+        return nn.functional.cross_entropy(model(batch["input_ids"], batch["attention_mask"]),
+                                           batch["lengths"] % 2)
+    return nn.functional.cross_entropy(model(batch["x"]), batch["label"] % 2)
 
 
 def main() -> None:
@@ -114,8 +139,7 @@ def main() -> None:
             for batch in loader:
                 if loader.epoch >= args.epochs:  # resumed from the end of the last epoch
                     break
-                loss = nn.functional.cross_entropy(model(inputs_of(batch)), batch["label"] % 2
-                                                   if "x" in batch else batch["label"])
+                loss = forward(model, batch)
                 opt.zero_grad()
                 loss.backward()  # DDP all-reduces here: a rank with fewer batches would hang
                 opt.step()

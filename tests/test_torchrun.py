@@ -157,3 +157,16 @@ def test_ranks_with_uneven_counts_after_the_shard_end_each_epoch_together(tmp_pa
             seen = [i for idx in per_rank.values() for i in idx]
             assert len(seen) == len(set(seen))
     assert "epoch 0 ends after" in out.stderr  # the cut is said, not silent
+
+
+@pytest.mark.timeout(300)
+def test_text_spec_under_ddp_ends_each_epoch_together(tmp_path: Path) -> None:
+    # files are sharded by rank, records read after: the ranks get uneven batch counts (57 and
+    # 58 on the sample), which would leave DDP waiting on the rank that has more
+    out = _run(_torchrun(2, "--spec", str(ROOT / "specs/text.yaml"), "--ckpt", str(tmp_path / "ck"),
+                         "--epochs", "1", "--every", "1000", "--log-samples", str(tmp_path / "logs"),
+                         "--set", f"root={ROOT / 'examples/data/text-sample'}"))
+    logs = _logs(tmp_path / "logs", 2)
+    counts = [len(rows) for rows in logs.values()]
+    assert counts[0] == counts[1] > 10, counts
+    assert "epoch 0 ends after" in out.stderr  # one rank had more, left unread and said so
