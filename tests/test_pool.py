@@ -46,4 +46,4 @@ def test_the_state_is_a_snapshot_and_a_count_whatever_the_window() -> None:
         assert list(node) == rest == list(range(10, 30))
     finally:
         node.close()
-    assert state[Map.SKIP_KEY] < 4 + 9  # re-read on restore: under one snapshot gap + the window
+    assert state[Map.SKIP_KEY] < 4  # re-read on restore: under one snapshot gap, whatever the window

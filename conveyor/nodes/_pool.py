@@ -9,7 +9,7 @@ takes results in input order, so an item crosses one queue and one future.
 Its position is what ``ParallelMapper`` gives: the input's state at some item and how many
 items after it were already emitted. The input's state is taken before every
 ``snapshot_every``-th item read, in the caller's thread (where the input is read), so a
-restore re-reads (without mapping) fewer than ``snapshot_every`` + ``window`` items.
+restore re-reads (without mapping) fewer than ``snapshot_every`` items.
 """
 
 from __future__ import annotations
