@@ -84,3 +84,22 @@ def test_big_tensors_go_through_shared_memory_when_asked():
     assert torch.equal(back[0]["small"], small)
     _, metas, _ = pack([{"big": big}])  # not asked: by value
     assert [m[1] for m in metas] == [tuple(big.shape)]
+
+
+def test_when_shared_memory_fails_big_tensors_go_by_value_and_it_is_said_once(monkeypatch, caplog):
+    import conveyor.nodes._handoff as handoff
+
+    class NoRoom(handoff._Pickler):
+        def dump(self, obj):
+            raise RuntimeError("unable to write to file </torch_1_2>: No space left on device (28)")
+
+    monkeypatch.setattr(handoff, "_sharing_pickler", lambda: NoRoom)
+    big = torch.ones(handoff.SHARE_MIN_BYTES // 4)
+    packer = handoff.Packer()
+    with caplog.at_level("WARNING", logger="conveyor.nodes._handoff"):
+        first = unpack(pickle.loads(pickle.dumps(packer([big]), protocol=5)))
+        second = unpack(pickle.loads(pickle.dumps(packer([big * 2]), protocol=5)))
+    assert torch.equal(first[0], big) and torch.equal(second[0], big * 2)  # by value: nothing lost
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "No space left on device" in warned[0] and "--shm-size" in warned[0]
+    assert packer.share is False

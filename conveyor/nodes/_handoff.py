@@ -11,7 +11,8 @@ copies the tensors' bytes into one ``bytearray`` (each at a multiple of 64 bytes
 The tensors of one chunk share the chunk's buffer: keeping one keeps the chunk's bytes
 (tens of KB) alive, as a view would.
 
-``share=True`` (worker processes) leaves tensors of ``SHARE_MIN_BYTES`` (1 MiB) and more to
+``share=True`` (worker processes, through ``Packer``, which falls back to by-value packing,
+saying so once, when shared memory fails: a small ``/dev/shm`` in a container) leaves tensors of ``SHARE_MIN_BYTES`` (1 MiB) and more to
 torch's own multiprocessing reduction: the tensor moves to shared memory and its file
 descriptor is passed, as DataLoader does with its batches; the main process maps it, no bytes
 cross the pipe. A 4.8 MB image batch: 5 ms instead of 10 per hand-off (``_pipes``' direct
@@ -21,10 +22,13 @@ writes), 16-20 ms through ``Connection.send_bytes``.
 from __future__ import annotations
 
 import io
+import logging
 import pickle
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 ALIGN = 64
 SHARE_MIN_BYTES = 1 << 20  # with share=True, tensors this big go through shared memory
@@ -102,6 +106,25 @@ def pack(items: Any, *, share: bool = False) -> tuple[bytes, list, pickle.Pickle
         raw += t.numpy().data if t.dim() else t.reshape(1).numpy().data
         raw += _PADS[-len(raw) % ALIGN]
     return buf.getvalue(), metas, pickle.PickleBuffer(raw)
+
+
+class Packer:
+    """``pack`` for a worker process: through shared memory until that fails once (a small
+    ``/dev/shm`` in a container, say), then by value through the pipe, said once."""
+
+    def __init__(self, share: bool = True):
+        self.share = share
+
+    def __call__(self, items: Any) -> tuple[bytes, list, pickle.PickleBuffer]:
+        if self.share:
+            try:
+                return pack(items, share=True)
+            except RuntimeError as exc:  # torch: "unable to write to file </torch_...>: No space left"
+                self.share = False
+                log.warning("shared memory for big tensors failed (%s); this worker sends them "
+                            "through its pipe from now on. In a container, give it more /dev/shm "
+                            "(docker run --shm-size=...)", exc)
+        return pack(items)
 
 
 def unpack(packed: tuple[bytes, list, Any]) -> Any:

@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
-from conveyor.nodes._handoff import pack, unpack
+from conveyor.nodes._handoff import Packer, unpack
 from conveyor.nodes._pipes import PipeOut, make_pipe
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ _START, _ITEMS, _END, _ERR = "start", "items", "end", "err"
 _POLL = 0.1
 _FIRST_CHUNK = 8
 BASE_KEY, SKIP_KEY = "base", "skip"
+_PACKER = Packer()  # per process: a worker that finds shared memory failing stops trying
 
 
 def _stats_of(nodes: dict[str, Any]) -> dict[str, dict]:
@@ -147,6 +148,7 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
     """Send one epoch of the copy, tagged with ``key``; returns (a command that came in
     meanwhile, whether the epoch was sent to its end)."""
     epoch = key[1]
+    packer = _PACKER
     try:
         for node in nodes.values():
             if hasattr(node, "items"):
@@ -190,10 +192,10 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
         except BaseException as exc:  # noqa: BLE001
             msg = (key, _ERR, _portable(exc), None, None)
             if items:  # deliver what came before the error first
-                out_q.put((key, _ITEMS, pack(items, share=True) if by_value else items, base, None))
+                out_q.put((key, _ITEMS, packer(items) if by_value else items, base, None))
             continue
         if items:
-            payload = pack(items, share=True) if by_value else items
+            payload = packer(items) if by_value else items
             msg = (key, _ITEMS, payload, base, _stats_of(nodes))
             if end:  # send the items now, the end with the next round
                 out_q.put(msg)
