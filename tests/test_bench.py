@@ -58,8 +58,11 @@ def test_a_thread_shared_by_slow_nodes_is_named(write_spec):
         before_out='  pin:     {op: map, fn: "planted_fns:slow", args: {ms: 12}}')))
     result = run_bench(plan, seconds=SECONDS, warmup=0.4)
     assert result.bottleneck == "thread:pin", result.sentence
-    # decode's threads map; its input is read in the thread that asks it, so from the files on
-    assert result.sentence.startswith("one thread runs files to pin and limits the graph: ")
+    # decode's threads map; its input is read in the thread that asks it, so the thread's span
+    # starts at whichever of decode's upstream nodes it was seen running (files are listed
+    # rarely: within the timed window that may be shard or shuffle)
+    assert re.match(r"one thread runs (files|shard|shuffle) to pin and limits the graph: ", result.sentence), \
+        result.sentence
     assert "collate" in result.sentence and result.nodes["pin"]["perf"]["thread"] == "pin"
     assert result.nodes["decode"]["perf"]["thread"] == "pin"  # its consumer's thread waits on it
 
