@@ -176,3 +176,30 @@ def test_a_worker_killed_mid_epoch_is_an_error_naming_the_signal() -> None:
                 next(node)
     finally:
         node.close()
+
+
+def _shmem_mib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no Shmem line in /proc/meminfo")
+
+
+@pytest.mark.timeout(60)
+def test_workers_run_ahead_only_a_few_chunks_of_shared_memory() -> None:
+    import time
+
+    from conveyor.nodes.copies import WorkerCopies
+    from helpers_fns import endless_big_items
+
+    before = _shmem_mib()
+    node = WorkerCopies(endless_big_items, copies=2, method="process")  # endless 1 MiB items
+    try:
+        node.reset(None)
+        next(node)
+        time.sleep(1.5)  # the consumer stalls (a slow training step): the workers must stop soon
+        grown = _shmem_mib() - before
+    finally:
+        node.close()
+    # per worker: depth (4) chunks of at most 4 MiB waiting, one being filled; not GBs
+    assert grown < 2 * (4 + 1) * 4 + 8, f"{grown:.0f} MiB of shared memory after a 1.5 s stall"

@@ -26,12 +26,29 @@ _RAW = hasattr(os, "readv")
 
 
 class PipeOut:
-    """A worker's end: ``put(msg)`` pickles and writes in the calling thread."""
+    """A worker's end: ``put(msg)`` pickles and writes in the calling thread.
 
-    def __init__(self, conn: Any):
+    With ``credits`` (a semaphore the main process releases as it takes each chunk), a chunk
+    (``msg[1] == "items"``) waits for a credit first: chunks whose big tensors sit in shared
+    memory are small in the pipe, so the pipe's size alone would not bound what a worker runs
+    ahead. ``put`` raises ``queue.Full`` when ``timeout`` passes without one, and
+    ``BrokenPipeError`` once ``stop`` is set.
+    """
+
+    def __init__(self, conn: Any, credits: Any = None, stop: Any = None):
         self.conn = conn
+        self.credits = credits
+        self.stop = stop
 
     def put(self, msg: tuple, timeout: float | None = None) -> None:
+        if self.credits is not None and msg[1] == "items":
+            waited = 0.0
+            while not self.credits.acquire(timeout=0.1):
+                waited += 0.1
+                if self.stop is not None and self.stop.is_set():
+                    raise BrokenPipeError("closing")
+                if timeout is not None and waited >= timeout:
+                    raise queue.Full
         if not _RAW:
             self.conn.send_bytes(pickle.dumps(msg, protocol=5))
             return

@@ -48,6 +48,18 @@ _POLL = 0.1
 _FIRST_CHUNK = 8
 BASE_KEY, SKIP_KEY = "base", "skip"
 _PACKER = Packer()  # per process: a worker that finds shared memory failing stops trying
+_CHUNK_BYTES = 4 << 20  # a chunk ends once its tensors hold this much (big items: few per chunk)
+
+
+def _tensor_bytes(item: Any) -> int:
+    """Bytes of the tensors in an item, looking one level into dicts, lists and tuples."""
+    values = item.values() if isinstance(item, dict) else item if isinstance(item, (list, tuple)) else (item,)
+    total = 0
+    for v in values:
+        nbytes = getattr(v, "nbytes", None)  # torch tensors and numpy arrays
+        if isinstance(nbytes, int):
+            total += nbytes
+    return total
 
 
 def _stats_of(nodes: dict[str, Any]) -> dict[str, dict]:
@@ -86,7 +98,7 @@ def _death(worker: Any) -> str:
 
 def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
                  cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, by_value: bool,
-                 run_ahead: bool = True) -> None:
+                 run_ahead: bool = True, credits: Any = None) -> None:
     """One worker: build the copy once, then run epochs as the commands ask.
 
     Items travel in chunks (8 items first, doubling up to ``chunk``, or what ``max_wait``
@@ -97,7 +109,7 @@ def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: i
     what it asks for next, and drops them otherwise.
     """
     if by_value:
-        out_q = PipeOut(out_q)
+        out_q = PipeOut(out_q, credits, stop)
         import torch
 
         # N copies already use the cores: torch's own intra-op threads would only contend
@@ -183,8 +195,11 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
         items: list = []
         deadline = time.monotonic() + max_wait
         try:
-            while len(items) < size and (not items or time.monotonic() < deadline):
-                items.append(next(root))
+            nbytes = 0
+            while len(items) < size and nbytes < _CHUNK_BYTES and (not items or time.monotonic() < deadline):
+                item = next(root)
+                items.append(item)
+                nbytes += _tensor_bytes(item)
             size = min(2 * size, chunk)
             end = False
         except StopIteration:
@@ -217,7 +232,8 @@ class WorkerCopies(BaseNode):
         copies: N >= 1.
         method: ``"process"`` or ``"thread"``.
         mp_context: start method for processes (default ``spawn``).
-        depth: chunks each worker thread may have ready ahead of the merge.
+        depth: chunks each worker may have ready ahead of the merge (a chunk ends at
+            ``chunk`` items, 4 MiB of tensors or ``max_wait`` seconds, whichever comes first).
         pipe_bytes: kernel buffer of each worker process's pipe: what it may have ready ahead
             of the merge besides the chunk it is writing (Linux only; capped by
             /proc/sys/fs/pipe-max-size). 256 KiB holds a few chunks of token ids; more only
@@ -259,6 +275,7 @@ class WorkerCopies(BaseNode):
         self.start_timeout = start_timeout
         self.epoch = 0
         self._workers: list[Any] = []
+        self._credits: list[Any] = []
         self._cmd: list[Any] = []
         self._out: list[Any] = []
         self._stop: Any = None
@@ -286,13 +303,16 @@ class WorkerCopies(BaseNode):
         by_value = self.method == "process"
         for w in range(self.copies):
             cmd_q = make_q()
+            credits = None
             if by_value:
                 out_q, child_end = make_pipe(ctx, self.pipe_bytes)
+                credits = ctx.Semaphore(self.depth)  # chunks in flight, released as taken
             else:
                 out_q = child_end = make_q(maxsize=self.depth)
+            self._credits.append(credits)
             worker = make_worker(target=_worker_loop, args=(self.factory, w, cmd_q, child_end, self._stop,
                                                             self.chunk, self.max_wait, by_value,
-                                                            self.run_ahead),
+                                                            self.run_ahead, credits),
                                  daemon=True, name=f"conveyor-copy-{w}")
             worker.start()
             if by_value:
@@ -319,6 +339,8 @@ class WorkerCopies(BaseNode):
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"worker copy {w} did not start within {timeout:.0f} s")
                 continue
+            if msg[1] == _ITEMS and self._credits[w] is not None:
+                self._credits[w].release()  # taken (or dropped, if stale): the worker may send another
             if msg[0] == -1 and msg[1] == _ERR:
                 raise msg[2]
             if msg[0] == self._key:
@@ -456,4 +478,4 @@ class WorkerCopies(BaseNode):
             for q in self._cmd:
                 q.close()
                 q.cancel_join_thread()
-        self._workers, self._cmd, self._out = [], [], []
+        self._workers, self._cmd, self._out, self._credits = [], [], [], []
