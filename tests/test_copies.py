@@ -201,5 +201,6 @@ def test_workers_run_ahead_only_a_few_chunks_of_shared_memory() -> None:
         grown = _shmem_mib() - before
     finally:
         node.close()
-    # per worker: depth (4) chunks of at most 4 MiB waiting, one being filled; not GBs
-    assert grown < 2 * (4 + 1) * 4 + 8, f"{grown:.0f} MiB of shared memory after a 1.5 s stall"
+    # per worker: depth chunks of at most 4 MiB waiting, one being filled; not GBs (874 MiB
+    # and growing when nothing bounded it)
+    assert grown < 2 * (node.depth + 1) * 4 + 8, f"{grown:.0f} MiB of shared memory after a 1.5 s stall"

@@ -255,7 +255,7 @@ class WorkerCopies(BaseNode):
     DONE_KEY = "done"
 
     def __init__(self, factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], *, copies: int,
-                 method: str = "process", mp_context: str | None = "spawn", depth: int = 4,
+                 method: str = "process", mp_context: str | None = "spawn", depth: int = 8,
                  pipe_bytes: int = 1 << 18, run_ahead: bool = True,
                  chunk: int = 256, max_wait: float = 0.05, start_timeout: float = 300.0):
         super().__init__()
