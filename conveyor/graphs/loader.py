@@ -165,7 +165,8 @@ class Loader:
                 item = next(self._root)
             except StopIteration:
                 have = False
-        if self._agree is not None and not self._agree.all_have(have):
+        all_have = have if self._agree is None else self._agree.all_have(have)  # every rank calls it
+        if not all_have:
             self._exhausted = True
             if have:  # another rank ran out first: this rank's rest of the epoch stays unread
                 self._cut = True
@@ -174,9 +175,6 @@ class Loader:
                     "rank %d: epoch %d ends after %d batches, where another rank ran out; this rank's "
                     "remaining batches are left unread (even_batches keeps DDP from hanging)",
                     self._c.rank, self._epoch, self._yielded)
-            raise StopIteration
-        if not have:
-            self._exhausted = True
             raise StopIteration
         self._yielded += 1
         return item

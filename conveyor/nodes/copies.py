@@ -160,7 +160,6 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
     """Send one epoch of the copy, tagged with ``key``; returns (a command that came in
     meanwhile, whether the epoch was sent to its end)."""
     epoch = key[1]
-    packer = _PACKER
     try:
         for node in nodes.values():
             if hasattr(node, "items"):
@@ -207,10 +206,10 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
         except BaseException as exc:  # noqa: BLE001
             msg = (key, _ERR, _portable(exc), None, None)
             if items:  # deliver what came before the error first
-                out_q.put((key, _ITEMS, packer(items) if by_value else items, base, None))
+                out_q.put((key, _ITEMS, _PACKER(items) if by_value else items, base, None))
             continue
         if items:
-            payload = packer(items) if by_value else items
+            payload = _PACKER(items) if by_value else items
             msg = (key, _ITEMS, payload, base, _stats_of(nodes))
             if end:  # send the items now, the end with the next round
                 out_q.put(msg)

@@ -3,10 +3,10 @@
 ``fn(item, **args)`` runs inline (``workers=0``) or on ``workers`` threads or processes.
 Ordered threads run in ``OrderedThreads`` (``_pool.py``), whose threads live as long as the
 node: no pool is torn down and rebuilt each epoch. Processes, and threads with
-``ordered=False``, run in torchdata's ``ParallelMapper``. If ``fn`` takes an ``rng`` argument it receives a
-``random.Random`` seeded from (seed, epoch, sample index), where the sample index is the
-item's ``"index"`` field when it has one (list_files records do) and the item's position in
-this node's input otherwise (then the rank is mixed in too). Outputs therefore never depend
+``ordered=False``, run in torchdata's ``ParallelMapper``. If ``fn`` takes an ``rng``
+argument it receives a ``random.Random`` seeded from (seed, epoch, sample index), where the
+sample index is the item's ``"index"`` field when it has one (list_files records do) and the
+item's position in this node's input otherwise (then the rank is mixed in too). Outputs therefore never depend
 on the number of workers, the method, or timing.
 
 Errors in ``fn`` are raised in the caller's thread as the original exception with a note
@@ -177,18 +177,19 @@ class Map(BaseNode):
     def stats(self) -> dict[str, int]:
         return {"skipped": self.skipped}
 
-    def close(self) -> None:
+    def _stop_pm(self) -> None:
         if self._pm is not None:
             shutdown_torchdata(self._pm)
             self._pm = None
+
+    def close(self) -> None:
+        self._stop_pm()
         if self._pool is not None:
             self._pool.close()
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        if self._pm is not None:
-            shutdown_torchdata(self._pm)
-            self._pm = None
+        self._stop_pm()  # (the ordered-threads pool stays: its threads outlive epochs)
         pm_state = None
         self.skipped = 0 if initial_state is None else initial_state.get(self.SKIPPED_KEY, 0)
         inline = self.workers == 0 or self._pool is not None  # the input is read in this thread

@@ -66,25 +66,17 @@ def _rows(seqs: list[torch.Tensor], longest: int, pad_value: float, side: str) -
     first = seqs[0]
     shape = (len(seqs), longest, *first.shape[1:])
     np_dtype = _NUMPY.get(first.dtype)
-    if np_dtype is not None and all(s.is_cpu and not s.requires_grad for s in seqs):
-        out = np.full(shape, pad_value, dtype=np_dtype)
-        for i, seq in enumerate(seqs):
-            n = seq.shape[0]
-            if n:
-                if side == "right":
-                    out[i, :n] = seq.numpy()
-                else:
-                    out[i, longest - n:] = seq.numpy()
-        return torch.from_numpy(out)
-    out = torch.full(shape, pad_value, dtype=first.dtype, device=first.device)
+    by_numpy = np_dtype is not None and all(s.is_cpu and not s.requires_grad for s in seqs)
+    if by_numpy:
+        out: Any = np.full(shape, pad_value, dtype=np_dtype)
+    else:
+        out = torch.full(shape, pad_value, dtype=first.dtype, device=first.device)
     for i, seq in enumerate(seqs):
         n = seq.shape[0]
         if n:
-            if side == "right":
-                out[i, :n] = seq
-            else:
-                out[i, longest - n:] = seq
-    return out
+            rows = slice(0, n) if side == "right" else slice(longest - n, longest)
+            out[i, rows] = seq.numpy() if by_numpy else seq
+    return torch.from_numpy(out) if by_numpy else out
 
 
 def pad_field(values: Sequence[Any], *, name: Any = "?", pad_value: float = 0, side: str = "right",
