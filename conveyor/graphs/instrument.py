@@ -24,7 +24,9 @@ a real pipeline, several percent of a graph whose items cost ~20 us, nothing nex
 decode. So each thread's outermost node times its calls, with every call they make in that
 thread, as often as keeps that cost near 0.5 % of their time: every call where the work is
 heavy (images), one in up to 64 at random, weighted by that number, where it is light (see
-``Counted``). The figures are then unbiased estimates. ``conveyor bench`` and ``--trace``
+``Counted``). The warm-up is short (16 calls): a text graph's outermost call is a batch of a
+few dozen cheap items, so timing its first 256 calls whole timed most of a short run at
+~2 us per item (benchmarks/text_throughput.py). The figures are then unbiased estimates. ``conveyor bench`` and ``--trace``
 attach watchers (sizing items, recording spans), and while any is attached every call is
 timed. benchmarks/stats_overhead.py measures what this costs.
 """
@@ -44,10 +46,11 @@ from conveyor.nodes.prefetch import Prefetch
 
 _clock = time.perf_counter
 _QUEUE_EVERY = 4  # a buffered node samples its queue on every 4th timed call
-_WARM = 256       # an outermost node times its first 256 calls, then one in "every", at
+_WARM = 16        # an outermost node times its first 16 calls, then one in "every", at
 _TARGET = 0.005   # random, with the calls it makes in its thread, weighted by "every": as
 _MAX_EVERY = 64   # many as keep timing near 0.5 % of the time the calls take (at most 1 in 64)
 _TIMING_COST = 300e-9  # seconds one timed call costs inside a pipeline (stats_overhead.py)
+_ADAPT = 16       # timed calls between two choices of "every" (the first choice ends the warm-up)
 _random = random.random
 _exact = [0]      # > 0 while watchers are attached: every call is timed
 _resetting = threading.local()  # depth of Counted.reset calls in progress in this thread
@@ -362,13 +365,13 @@ class Counted(BaseNode):
         return item
 
     def _adapt(self, seconds: float, nested: int) -> None:
-        """Every 64 timed calls as an outermost node: time one call in ``every``, where
+        """Every ``_ADAPT`` timed calls as an outermost node: time one call in ``every``, where
         ``every`` keeps the cost of timing (``_TIMING_COST`` per timed call, this one's and
         the ones it makes) near ``_TARGET`` of the time the calls take."""
         self._acc_calls += 1
         self._acc_seconds += seconds
         self._acc_nested += nested
-        if self._acc_calls < 64:
+        if self._acc_calls < _ADAPT:
             return
         cost = (1 + self._acc_nested / self._acc_calls) * _TIMING_COST
         mean = self._acc_seconds / self._acc_calls
