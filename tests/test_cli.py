@@ -96,12 +96,13 @@ def test_show_text(results):
     assert res.rc == 0, res.err
     lines = res.out.splitlines()
     assert lines[0] == f"graph {NUMBERS} -> output 'out'"
-    assert lines[1] == 'params: root="examples/data/numbers", batch_size=8, seed=0, workers=2'
+    data = f"{REPO}/specs/../examples/data/numbers"  # the spec's root is "${spec_dir}/../examples/..."
+    assert lines[1] == f'params: root="{data}", batch_size=8, seed=0, workers=2'
     assert "  files: list_files" in lines
     for a, b in CHAIN:
         assert f"  {b}: {OPS[b]} <- {a}" in lines
     assert "      size=8, drop_last=false" in lines
-    assert '      url="examples/data/numbers/*/*.txt", label="parent_dir", shuffle=true, seed=null' in lines
+    assert f'      url="{data}/*/*.txt", label="parent_dir", shuffle=true, seed=null' in lines
 
 
 def parse_dot(text: str) -> tuple[str, dict[str, str], list[tuple[str, str]]]:

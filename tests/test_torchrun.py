@@ -140,7 +140,7 @@ def test_ranks_with_uneven_counts_after_the_shard_end_each_epoch_together(tmp_pa
     spec.write_text((ROOT / "specs/numbers.yaml").read_text().replace(
         "  shuffle: {op: shuffle_buffer, size: 16}",
         "  keep:    {op: filter, fn: 'chain_fns:fewer_on_odd_ranks'}\n  shuffle: {op: shuffle_buffer, size: 16}"
-    ).replace("root: examples/data/numbers", f"root: {ROOT}/examples/data/numbers"))
+    ).replace("${spec_dir}/..", str(ROOT)))
     env_path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
     out = _run(_torchrun(nproc, "--spec", str(spec), "--ckpt", str(tmp_path / "ck"), "--epochs", "2",
                          "--every", "100", "--log-samples", str(tmp_path / "logs"), "--set", "batch_size=2"),

@@ -7,11 +7,21 @@ command line, whose values are read as YAML scalars (``64`` is an int, ``true`` 
 
 Inside node params, a string that is exactly ``${name}`` becomes the param's value with its
 type; ``${name}`` inside a longer string is replaced by its text.
+
+Two kinds of reference need no declaration: ``${env:NAME}`` (or ``${env:NAME,default}``) reads
+an environment variable (a whole-string reference is read as a YAML scalar, so
+``${env:BATCH,32}`` is the int 32; an unset variable without a default is a spec error), and
+``${spec_dir}`` is the folder of the spec file, so a spec can name files next to it whatever
+the current directory. Both work in declared params' defaults too.
+
+An override whose key is ``NODE.PARAM`` (``--set decode.workers=4``,
+``load_graph(path, **{"decode.workers": 4})``) sets that node's param; see ``split_overrides``.
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from typing import Any, Iterable, Mapping
 
@@ -19,8 +29,45 @@ import yaml
 
 from conveyor.errors import SpecError
 
-_REF = re.compile(r"\$\{([^}]*)\}")
+_REF = re.compile(r"\$\{([^{}]*)\}")  # innermost first: ${env:A,${spec_dir}/x} nests
 _NUMBER = re.compile(r"[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?")
+
+
+ENV_PREFIX = "env:"
+SPEC_DIR = "spec_dir"  # the built-in param: the folder of the spec file
+
+
+def _read_scalar(text: str) -> Any:
+    """``text`` read as one YAML scalar (``32`` an int, ``true`` a bool), else kept as text."""
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (str, bool, int, float)) else text
+
+
+def _env(ref: str) -> tuple[bool, str]:
+    """(found, value) of an ``env:NAME[,default]`` reference."""
+    name, comma, default = ref[len(ENV_PREFIX):].partition(",")
+    name = name.strip()
+    if name in os.environ:
+        return True, os.environ[name]
+    if comma:
+        return True, default.strip()
+    return False, ""
+
+
+def env_name(ref: str) -> str | None:
+    """The variable an ``env:NAME[,default]`` reference names, or ``None`` for a param reference."""
+    return ref[len(ENV_PREFIX):].partition(",")[0].strip() if ref.startswith(ENV_PREFIX) else None
+
+
+def builtin_params(spec_path: str) -> dict[str, Any]:
+    """The params every spec has without declaring them: ``spec_dir``, the spec file's folder
+    (absolute; the current directory for a spec that is not a file)."""
+    if spec_path.startswith("<") or not spec_path:
+        return {SPEC_DIR: os.getcwd()}
+    return {SPEC_DIR: os.path.dirname(os.path.abspath(spec_path))}
 
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
@@ -128,29 +175,78 @@ def apply_overrides(
     return merged, errors
 
 
-def interpolate(value: Any, params: Mapping[str, Any]) -> Any:
-    """Replace ``${name}`` references in ``value`` (recursively through lists and dicts).
+def interpolate(value: Any, params: Mapping[str, Any], *, partial: bool = False) -> Any:
+    """Replace ``${name}`` and ``${env:NAME[,default]}`` references in ``value`` (recursively
+    through lists and dicts).
+
+    Args:
+        value: a spec value.
+        params: the params a reference may name.
+        partial: leave a reference to a name not in ``params`` as written (used on params'
+            own defaults, which may only use ``${env:...}`` and the built-ins).
 
     Raises:
-        KeyError: naming the first undefined param (the caller adds the position).
+        KeyError: naming the first undefined param, or ``env:NAME`` for an unset variable
+            without a default (the caller adds the position).
     """
     if isinstance(value, str):
+        return _interpolate_text(value, params, partial)
+    if isinstance(value, list):
+        return [interpolate(v, params, partial=partial) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v, params, partial=partial) for k, v in value.items()}
+    return value
+
+
+def _lookup(name: str, params: Mapping[str, Any], partial: bool, whole: bool) -> tuple[bool, Any]:
+    """(found, value) of one reference; ``whole``: the value keeps its type."""
+    if name.startswith(ENV_PREFIX):
+        found, text = _env(name)
+        if not found:
+            raise KeyError(name)
+        return True, _read_scalar(text) if whole else text
+    if name not in params:
+        if partial:
+            return False, None
+        raise KeyError(name)
+    return True, params[name] if whole else str(params[name])
+
+
+def _interpolate_text(value: str, params: Mapping[str, Any], partial: bool) -> Any:
+    for _ in range(8):  # nested references resolve innermost first, one level per pass
         whole = _REF.fullmatch(value.strip())
         if whole:
-            name = whole.group(1).strip()
-            if name not in params:
-                raise KeyError(name)
-            return params[name]
+            found, out = _lookup(whole.group(1).strip(), params, partial, True)
+            return out if found else value
 
         def sub(match: re.Match[str]) -> str:
-            name = match.group(1).strip()
-            if name not in params:
-                raise KeyError(name)
-            return str(params[name])
+            found, out = _lookup(match.group(1).strip(), params, partial, False)
+            return out if found else match.group(0)
 
-        return _REF.sub(sub, value)
-    if isinstance(value, list):
-        return [interpolate(v, params) for v in value]
-    if isinstance(value, dict):
-        return {k: interpolate(v, params) for k, v in value.items()}
+        new = _REF.sub(sub, value)
+        if new == value:
+            return value
+        value = new
     return value
+
+
+def split_overrides(overrides: Mapping[str, Any], declared: Mapping[str, Any],
+                    nodes: Mapping[str, Any]) -> tuple[dict[str, Any], dict[tuple[str, str], Any]]:
+    """Separate param overrides from node-param overrides (``NODE.PARAM`` keys).
+
+    A key is a node-param override when it is not a declared param and its part before the
+    first ``.`` names a node (or, if no node has that name, it still has a ``.``: then the
+    validator says that no such node exists).
+
+    Returns:
+        (param overrides, {(node, param): value}).
+    """
+    params: dict[str, Any] = {}
+    node_params: dict[tuple[str, str], Any] = {}
+    for key, value in overrides.items():
+        node, dot, name = key.partition(".")
+        if key in declared or not dot:
+            params[key] = value
+        else:
+            node_params[(node, name)] = value
+    return params, node_params

@@ -2,7 +2,8 @@
 
 One table, read lazily: ``_BUILTIN`` maps each built-in op to ``module:attr`` of its
 ``OpSpec``, imported the first time the op is looked up. Third-party packages add ops
-through the ``conveyor.ops`` entry-point group (each entry point loads an ``OpSpec``), or at
+through the ``conveyor.ops`` entry-point group (each entry point loads an ``OpSpec``; one that
+fails to import is a warning naming it, and every other op keeps working), or at
 run time through ``register``, which refuses to overwrite an existing op unless asked
 (``clobber=True``). Params are frozen dataclasses; their field types (``int``, ``float``,
 ``bool``, ``str``, ``Fn``, ``list[...]``, ``dict``, enums, ``X | None``) are what the
@@ -14,12 +15,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
+import logging
 import typing
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Callable, Literal
 
 from conveyor.errors import ConveyorError
+
+log = logging.getLogger(__name__)
 
 Inputs = Literal["none", "one", "many"]
 
@@ -94,10 +98,20 @@ def _read_entry_points() -> None:
     _ENTRY_POINTS_READ = True
     for ep in metadata.entry_points(group="conveyor.ops"):
         if ep.name in _BUILTIN or ep.name in _EXTRA:
+            log.warning("conveyor.ops plugin '%s' (%s) is ignored: an op of that name exists already",
+                        ep.name, ep.value)
             continue  # a plug-in never silently replaces an op
-        spec = ep.load()
+        try:
+            spec = ep.load()
+        except Exception as exc:  # a broken plug-in costs its own op, never the others
+            log.warning("conveyor.ops plugin '%s' (%s) failed to load, so op '%s' is not available: "
+                        "%s: %s", ep.name, ep.value, ep.name, type(exc).__name__, exc)
+            continue
         if isinstance(spec, OpSpec):
             _EXTRA[ep.name] = spec
+        else:
+            log.warning("conveyor.ops plugin '%s' (%s) is ignored: it loads a %s, not an OpSpec",
+                        ep.name, ep.value, type(spec).__name__)
 
 
 def register(spec: OpSpec, *, clobber: bool = False) -> None:

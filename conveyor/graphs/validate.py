@@ -22,7 +22,8 @@ from typing import Any, Mapping
 from conveyor.errors import ConveyorError, SpecError, SpecErrors
 from conveyor.graphs.copies_check import check_copies
 from conveyor.graphs.even import MODES as EVEN_MODES
-from conveyor.graphs.params import apply_overrides, did_you_mean, interpolate
+from conveyor.graphs.params import (SPEC_DIR, apply_overrides, builtin_params, did_you_mean, env_name, interpolate,
+                                    split_overrides)
 from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, op_names, resolve_fn
 from conveyor.graphs.yaml_loader import Located
 
@@ -100,8 +101,12 @@ def _check_params(op: OpSpec, name: str, body: dict[str, Any], params: Mapping[s
             value = interpolate(value, params)
         except KeyError as missing:
             ref = missing.args[0]
+            if env_name(ref) is not None:
+                errs.add(env_unset_message(ref), at_node + (key,), node=name, op=op.name, param=key)
+                ok = False
+                continue
             errs.add(f"undefined param '${{{ref}}}'" + did_you_mean(ref, params)
-                     + f"; declare it under params: ({', '.join(sorted(params)) or 'none declared'})",
+                     + f"; declare it under params: ({', '.join(sorted(set(params) - {SPEC_DIR})) or 'none declared'})",
                      at_node + (key,), node=name, op=op.name, param=key)
             ok = False
             continue
@@ -271,8 +276,14 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
         errs.add("params must be a mapping of name: default", ("params",))
         declared = {}
     line, col = doc.where(("params",), key=True) if "params" in data else (1, 1)
-    params, override_errors = apply_overrides(declared, dict(overrides or {}), where=(doc.path, line, col))
+    raw_nodes = data.get("nodes")
+    param_overrides, node_overrides = split_overrides(
+        dict(overrides or {}), declared, raw_nodes if isinstance(raw_nodes, dict) else {})
+    params, override_errors = apply_overrides(declared, param_overrides, where=(doc.path, line, col))
     errs.items.extend(override_errors)
+    builtins = builtin_params(doc.path)
+    params = _resolve_params(params, builtins, errs)
+    scope = {**builtins, **params}  # what ${...} in node params may name
 
     resumable = data.get("resumable", True)
     if not isinstance(resumable, bool):
@@ -284,12 +295,12 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
         errs.add(f"even_batches must be one of {' | '.join(EVEN_MODES)}, got {even!r}", ("even_batches",))
         even = "auto"
 
-    raw_nodes = data.get("nodes")
     nodes: dict[str, NodePlan] = {}
     if not isinstance(raw_nodes, dict) or not raw_nodes:
         errs.add("the spec needs 'nodes': a mapping of name: {op: ..., params}",
                  ("nodes",) if "nodes" in data else ())
         raise SpecErrors(errs.items)
+    raw_nodes = _override_nodes(raw_nodes, node_overrides, errs, (line, col))
 
     known = op_names()
     previous: str | None = None
@@ -309,7 +320,7 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
         inputs_ok = len(errs.items) == before
         if not inputs_ok:
             maybe_used.update(_mentioned(body, previous))
-        typed, raw = _check_params(op, name, body, params, errs)
+        typed, raw = _check_params(op, name, body, scope, errs)
         if typed is not None and op.check is not None and inputs_ok:
             for pname, message in op.check(typed, len(inputs)):
                 errs.add(message, at + (pname,), node=name, op=op.name, param=pname)
@@ -357,13 +368,52 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
                          "remove it or name it as an input", ("nodes", n), key=True, node=n,
                          op=nodes[n].op.name if n in nodes else None)
         _graph_rules(nodes, graph, resumable, errs)
-        copies = check_copies(data.get("workers"), nodes, graph, output, params, errs)
+        copies = check_copies(data.get("workers"), nodes, graph, output, scope, errs)
 
     seed = params.get("seed", 0)
     if errs.items:
         raise SpecErrors(errs.items)
     return Plan(doc.path, params, nodes, output, resumable, seed if isinstance(seed, int) else 0,
                 copies, even)
+
+
+def env_unset_message(ref: str) -> str:
+    name = env_name(ref)
+    return (f"environment variable '{name}' is not set (set it, or give a default: "
+            f"${{env:{name},default}})")
+
+
+def _resolve_params(params: dict[str, Any], builtins: dict[str, Any], errs: _Errors) -> dict[str, Any]:
+    """Declared params with ``${env:...}`` and built-in references (``${spec_dir}``) replaced."""
+    out = {}
+    for key, value in params.items():
+        try:
+            out[key] = interpolate(value, builtins, partial=True)
+        except KeyError as missing:
+            errs.add(env_unset_message(missing.args[0]), ("params", key), param=key)
+            out[key] = value
+    return out
+
+
+def _override_nodes(raw_nodes: dict[str, Any], overrides: dict[tuple[str, str], Any], errs: _Errors,
+                    where: tuple[int, int]) -> dict[str, Any]:
+    """The spec's nodes with ``NODE.PARAM`` overrides applied (copies: the document is kept
+    as read). The values are then checked like the spec's own."""
+    if not overrides:
+        return raw_nodes
+    out = dict(raw_nodes)
+    for (node, pname), value in overrides.items():
+        if node not in raw_nodes:
+            errs.items.append(SpecError(
+                f"override '{node}.{pname}': no node '{node}'" + did_you_mean(node, raw_nodes)
+                + f"; nodes: {', '.join(raw_nodes)} (a param override names a declared param, "
+                "a node-param override NODE.PARAM)", errs.doc.path, where[0], where[1],
+                param=f"{node}.{pname}"))
+            continue
+        if not isinstance(out[node], dict) or not pname:
+            continue  # the node itself is reported as broken
+        out[node] = {**out[node], pname: value}
+    return out
 
 
 def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resumable: bool,
