@@ -185,7 +185,8 @@ class Meter:
 
 
 def drive(loader: Loader, *, seconds: float, warmup: float, step_time: float = 0.0,
-          max_seconds: float | None = None, stable: float | None = None) -> Drive:
+          max_seconds: float | None = None, stable: float | None = None,
+          progress: Callable[[float, int], None] | None = None, every: float = 1.0) -> Drive:
     """Iterate ``loader`` (epoch after epoch) for ``warmup`` then ``seconds`` seconds.
 
     Args:
@@ -196,12 +197,16 @@ def drive(loader: Loader, *, seconds: float, warmup: float, step_time: float = 0
         max_seconds: with ``stable``, keep measuring up to this long while the rates of the
             window's two halves differ by more than ``stable`` (a fraction).
         stable: see ``max_seconds``.
+        progress: called every ``every`` seconds of the measured window with the seconds
+            measured so far and the samples in them (for a progress line).
+        every: see ``progress``.
     """
     meter = Meter(loader)
     out = Drive(raws=meter.raws)
     clock = time.perf_counter
     t_begin = clock()
     t_meas = None
+    next_report = 0.0
     times: list[float] = []  # when each measured batch came, and the samples so far
     totals: list[int] = []
 
@@ -248,9 +253,12 @@ def drive(loader: Loader, *, seconds: float, warmup: float, step_time: float = 0
                     out.trainer_s += clock() - now
                 now = clock()
             if t_meas is None and now - t_begin >= warmup:
-                t_meas = now
+                t_meas = next_report = now
                 meter.mark()
-            elif done(now):
+            elif t_meas is not None and progress is not None and now >= next_report + every:
+                next_report = now
+                progress(now - t_meas, out.samples)
+            if t_meas is not None and done(now):
                 stop = True
                 break
         if t_meas is not None:
@@ -414,7 +422,8 @@ def buffers_of(loader: Loader, sizes: SizeSampler) -> list[dict[str, Any]]:
 
 
 def run_bench(plan: Plan, *, seconds: float = 10.0, warmup: float | None = None,
-              step_time: float = 0.0, on_loader: Callable[[Loader], None] | None = None) -> BenchResult:
+              step_time: float = 0.0, on_loader: Callable[[Loader], None] | None = None,
+              timeline: Any = None, progress: Callable[[float, int], None] | None = None) -> BenchResult:
     """Run ``plan`` with no model and measure where the time goes.
 
     Args:
@@ -423,6 +432,8 @@ def run_bench(plan: Plan, *, seconds: float = 10.0, warmup: float | None = None,
         warmup: seconds before measuring (default: a quarter of ``seconds``, at most 3).
         step_time: seconds per batch of a simulated trainer (0: none).
         on_loader: called with the loader before it runs (``--trace`` attaches here).
+        timeline: a ``conveyor.report.Timeline`` to sample the run (``--report``).
+        progress: passed to ``drive`` (seconds measured so far, samples in them).
     """
     warmup = min(3.0, seconds / 4) if warmup is None else warmup
     rss_before = status_bytes("VmRSS").get("VmRSS")
@@ -435,8 +446,12 @@ def run_bench(plan: Plan, *, seconds: float = 10.0, warmup: float | None = None,
         try:
             if on_loader is not None:
                 on_loader(loader)
-            d = drive(loader, seconds=seconds, warmup=warmup, step_time=step_time)
+            if timeline is not None:
+                timeline.start(loader)
+            d = drive(loader, seconds=seconds, warmup=warmup, step_time=step_time, progress=progress)
         finally:
+            if timeline is not None:
+                timeline.stop()
             for c in counted.values():
                 c.unwatch(sizes)
         rows = node_rows(loader, d.raws, d.seconds)

@@ -177,6 +177,7 @@ class Counted(BaseNode):
         # reset, and this node's reset() resets it (a node with its own __next__ keeps it)
         self._direct = inner.next if type(inner).__next__ is BaseNode.__next__ else inner.__next__
         self._n = 0
+        self.items_before = 0  # items of the epochs before this one (for a lifetime count)
         self.seconds = 0.0
         self.reset_seconds = 0.0  # the part of ``seconds`` spent in reset (epoch starts)
         self.tid: int | None = None  # the thread of the first call after the last reset
@@ -211,6 +212,7 @@ class Counted(BaseNode):
 
     @items.setter
     def items(self, value: int) -> None:
+        self.items_before += self._n
         self._n = value
         if value == 0:
             self.seconds = self.reset_seconds = 0.0
