@@ -7,6 +7,12 @@ equal to the CPU batches; the copy of the next batch overlaps the trainer's comp
 simulated step of matrix multiplies, timed with and without ``to_device``); a state taken
 mid-epoch with ``to_device`` resumes to the same batches. On a machine without CUDA it says
 so and exits 0 without checking anything.
+
+Then the trainer-wait fraction: specs/imagenet.yaml (on the bundled sample, epoch after
+epoch) feeds a step as costly as ResNet-50's forward and backward (~12.3 GFLOP per 224x224
+image, done as bf16 matrix multiplies of the same FLOP count); it prints the share of the
+wall time the trainer spent waiting for data (in ``next()`` and the host-to-device copy),
+data time / (data time + step time).
 """
 
 from __future__ import annotations
@@ -86,11 +92,56 @@ def main() -> int:
             again = [x["index"].tolist() for x in b]
         if rest != again:
             failures.append("resume with to_device differs")
+        wait = trainer_wait()
     print("pin_memory active:", pinned)
+    print(f"trainer-wait fraction, imagenet.yaml feeding a ResNet-50-sized step: {wait['fraction']:.3f} "
+          f"(data {wait['data_s']:.2f} s, step {wait['step_s']:.2f} s over {wait['steps']} steps of "
+          f"{wait['batch']} images)")
     for name, secs in timings.items():
         print(f"epoch with compute, {name}: {secs:.3f} s")
     print("FAILED: " + "; ".join(failures) if failures else "all GPU checks passed")
     return 1 if failures else 0
+
+
+RESNET50_GFLOP = 3 * 4.1  # forward ~4.1 GFLOP per 224x224 image; backward ~2x forward
+
+
+def trainer_wait(steps: int = 60, batch_size: int = 64) -> dict:
+    """Share of the time a ResNet-50-sized trainer waits on specs/imagenet.yaml."""
+    n = 8192
+    flop_per_mm = 2 * n ** 3
+    mms = max(1, round(RESNET50_GFLOP * 1e9 * batch_size / flop_per_mm))
+    w = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+
+    def step(x: torch.Tensor) -> None:
+        y = w * x.float().mean().to(torch.bfloat16)
+        for _ in range(mms):
+            y = y @ w
+        torch.cuda.synchronize()
+
+    data_s = step_s = 0.0
+    done = 0
+    with load_graph(ROOT / "specs/imagenet.yaml", root=str(ROOT / "examples/data/imagenet-sample/train"),
+                    batch_size=batch_size) as loader:
+        while done < steps + 5:
+            it = iter(loader)  # the next epoch
+            while done < steps + 5:
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)  # waiting for data...
+                except StopIteration:
+                    break
+                x = batch["image"].cuda(non_blocking=True)
+                torch.cuda.synchronize()  # ...and its copy to the GPU
+                t1 = time.perf_counter()
+                step(x)
+                t2 = time.perf_counter()
+                done += 1
+                if done > 5:  # the first batches include start-up
+                    data_s += t1 - t0
+                    step_s += t2 - t1
+    return {"fraction": data_s / (data_s + step_s) if data_s + step_s else 0.0, "data_s": data_s,
+            "step_s": step_s, "steps": steps, "batch": batch_size}
 
 
 if __name__ == "__main__":
