@@ -77,3 +77,21 @@ def exit_in_copy(w: int):
     import os
 
     os._exit(1)
+
+
+# ----- test_hangs.py ------------------------------------------------------------------------
+import threading  # noqa: E402
+
+GATE = threading.Event()  # block_after waits on it; a test replaces it and sets it at its end
+BLOCKED = [0]             # calls of block_after waiting on GATE now
+
+
+def block_after(item, *, n: int = 20):
+    """The item, except that items whose index is ``n`` or more block until ``GATE`` is set."""
+    if item["index"] >= n:
+        BLOCKED[0] += 1
+        try:
+            GATE.wait()
+        finally:
+            BLOCKED[0] -= 1
+    return item["index"]

@@ -169,7 +169,7 @@ class Map(BaseNode):
         if workers and method == "thread" and ordered:
             self._pool = OrderedThreads(self.source, self.call, workers=workers,
                                         window=max_concurrent or 2 * workers,
-                                        snapshot_every=snapshot_every)
+                                        snapshot_every=snapshot_every, where=self.where)
 
     def set_epoch(self, epoch: int) -> None:
         self.call.epoch = epoch

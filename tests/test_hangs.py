@@ -1,0 +1,82 @@
+"""Nothing hangs: close() returns whatever fn does, workers do not outlive their parent, a
+stalled graph says where it waits (issue 13)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import helpers_fns
+from conveyor import load_graph
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+
+BLOCKING_SPEC = """
+params: {workers: 2}
+nodes:
+  files:  {op: list_files, url: "%s/*/*.txt", label: parent_dir}
+  decode: {op: map, fn: "helpers_fns:block_after", args: {n: 20}, workers: "${workers}"}
+  batch:  {op: batch, size: 4}
+  out:    {op: prefetch, depth: 2}
+output: out
+""" % (ROOT / "examples/data/numbers")
+
+
+def _wait_until(cond, timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_close_returns_while_thread_workers_are_blocked_in_fn(write_spec, caplog) -> None:
+    helpers_fns.GATE = gate = threading.Event()
+    loader = load_graph(write_spec(BLOCKING_SPEC))
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend(loader), daemon=True)
+    try:
+        reader.start()
+        assert _wait_until(lambda: helpers_fns.BLOCKED[0] == 2)  # both threads stuck inside fn
+        with caplog.at_level(logging.WARNING):
+            t0 = time.monotonic()
+            loader.close()
+            took = time.monotonic() - t0
+        assert took < 15, took  # a bound, not a speed: it blocked for ever before
+        reader.join(timeout=10)
+        assert not reader.is_alive()  # the reader waiting on the map was woken too
+        warned = [r.getMessage() for r in caplog.records if "abandoned" in r.getMessage()]
+        assert warned and "node 'decode' (map)" in warned[0], warned
+        assert [b for batch in got for b in batch] == list(range(20))
+    finally:
+        gate.set()
+        loader.close()
+
+
+EXIT_WITH_BLOCKED_FN = """
+import sys, threading, time
+sys.path.insert(0, %r)
+import helpers_fns
+from conveyor import load_graph
+loader = load_graph(sys.argv[1])
+threading.Thread(target=lambda: list(loader), daemon=True).start()
+while helpers_fns.BLOCKED[0] < 2:
+    time.sleep(0.02)
+print("blocked", flush=True)
+""" % str(TESTS)
+
+
+def test_the_interpreter_exits_with_thread_workers_blocked_in_fn(write_spec) -> None:
+    # the loader is left open: the exit closes it, and no thread of its holds the exit up
+    out = subprocess.run([sys.executable, "-c", EXIT_WITH_BLOCKED_FN, str(write_spec(BLOCKING_SPEC))],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "blocked" in out.stdout
+    assert "abandoned" in out.stderr
