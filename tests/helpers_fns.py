@@ -95,3 +95,17 @@ def block_after(item, *, n: int = 20):
         finally:
             BLOCKED[0] -= 1
     return item["index"]
+
+
+class TwoArgError(Exception):
+    """Pickles, but does not unpickle: ``Exception.__reduce__`` gives back one argument."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a} {b}")
+
+
+def two_arg_error_on_three(item):
+    """Raise ``TwoArgError`` for multiples of 3, else return the item."""
+    if item % 3 == 0:
+        raise TwoArgError("no", item)
+    return item

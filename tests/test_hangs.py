@@ -80,3 +80,55 @@ def test_the_interpreter_exits_with_thread_workers_blocked_in_fn(write_spec) -> 
     assert out.returncode == 0, out.stderr[-2000:]
     assert "blocked" in out.stdout
     assert "abandoned" in out.stderr
+
+
+# ----- map with method: process, an exception that pickles but does not unpickle -----------
+
+def test_an_exception_that_cannot_travel_back_from_a_process_is_raised_as_its_text() -> None:
+    import pytest
+    from torchdata.nodes import IterableWrapper
+
+    from conveyor.nodes.map import Map
+
+    node = Map(IterableWrapper([1, 2, 3, 4]), fn=helpers_fns.two_arg_error_on_three, workers=1,
+               method="process", where="node 'parse' (map)")
+    try:
+        node.reset()
+        assert [next(node), next(node)] == [1, 2]
+        with pytest.raises(RuntimeError, match="TwoArgError: no 3") as err:
+            next(node)
+        assert "in node 'parse' (map)" in err.value.__notes__
+    finally:
+        node.close()
+    skipping = Map(IterableWrapper(range(1, 8)), fn=helpers_fns.two_arg_error_on_three, workers=2,
+                   method="process", on_error="skip")
+    try:
+        skipping.reset()
+        assert list(skipping) == [1, 2, 4, 5, 7]
+        assert skipping.stats()["skipped"] == 2
+    finally:
+        skipping.close()
+
+
+
+def _two_then_two_arg_error():
+    yield 1
+    yield 2
+    raise helpers_fns.TwoArgError("bad", "input")
+
+
+def test_an_input_error_that_cannot_travel_to_a_process_and_back_is_raised_as_its_text() -> None:
+    import pytest
+    from torchdata.nodes import IterableWrapper
+
+    from conveyor.nodes.map import Map
+
+    node = Map(IterableWrapper(_two_then_two_arg_error()), fn=helpers_fns.ident, workers=1,
+               method="process")
+    try:
+        node.reset()
+        assert [next(node), next(node)] == [1, 2]
+        with pytest.raises(RuntimeError, match="TwoArgError: bad input"):
+            next(node)
+    finally:
+        node.close()

@@ -12,9 +12,22 @@ values instead, so the consumer re-raises the original exception with its notes.
 
 from __future__ import annotations
 
+import pickle
+import traceback
 from typing import Any
 
 from torchdata.nodes import BaseNode
+
+
+def portable(exc: BaseException) -> BaseException:
+    """``exc`` when it survives pickling both ways, else a ``RuntimeError`` with its text and
+    traceback (an exception whose ``__init__`` takes other arguments than ``args`` pickles but
+    does not unpickle; unpickled in a queue's reader thread it kills that thread)."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001 - any failure means it cannot travel
+        return RuntimeError("".join(traceback.format_exception(exc)).rstrip())
 
 
 def shutdown_torchdata(node: Any) -> None:
@@ -33,12 +46,16 @@ def shutdown_torchdata(node: Any) -> None:
 
 class Raised:
     """An exception carried as a value through torchdata's queues, so that the consumer can
-    re-raise the original object (torchdata would re-create it from its text)."""
+    re-raise the original object (torchdata would re-create it from its text). Sent to a
+    process (map's worker processes), it is ``portable(exc)``."""
 
     __slots__ = ("exc",)
 
     def __init__(self, exc: BaseException):
         self.exc = exc
+
+    def __reduce__(self) -> tuple:
+        return (Raised, (portable(self.exc),))
 
 
 class CarryErrors(BaseNode):

@@ -27,18 +27,17 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import pickle
 import queue
 import signal
 import threading
 import time
-import traceback
 from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
 from conveyor.nodes._handoff import Packer, unpack
 from conveyor.nodes._pipes import PipeOut, make_pipe
+from conveyor.nodes._threads import portable
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +70,6 @@ def _stats_of(nodes: dict[str, Any]) -> dict[str, dict]:
             entry.update(own())
         out[name] = entry
     return out
-
-
-def _portable(exc: BaseException) -> BaseException:
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        return RuntimeError("".join(traceback.format_exception(exc)))
 
 
 def _death(worker: Any) -> str:
@@ -121,7 +112,7 @@ def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: i
         pass  # the main process closed its end: it is gone or closing
     except BaseException as exc:  # noqa: BLE001 - a failure outside the graph's items: say it
         try:
-            out_q.put((-1, _ERR, _portable(exc), None, None))
+            out_q.put((-1, _ERR, portable(exc), None, None))
         except Exception:  # noqa: BLE001 - the pipe is gone too: the exit code tells
             pass
         raise
@@ -133,7 +124,7 @@ def _serve(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
     try:
         root, nodes = factory(w)
     except BaseException as exc:  # noqa: BLE001 - reported to the main process
-        out_q.put((-1, _ERR, _portable(exc), None, None))
+        out_q.put((-1, _ERR, portable(exc), None, None))
         return
     cmd = None
     ahead = None  # (gen, epoch): the epoch to run next without waiting for a command
@@ -175,7 +166,7 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
                 next(root)  # taken from the chunk before the save: recomputed, not sent
         msg: tuple = (key, _START, root.state_dict(), None, None)
     except BaseException as exc:  # noqa: BLE001
-        msg = (key, _ERR, _portable(exc), None, None)
+        msg = (key, _ERR, portable(exc), None, None)
     cmd = None
     size = min(_FIRST_CHUNK, chunk)  # small first chunks: the epoch's first items come soon
     while cmd is None and not stop.is_set():
@@ -204,7 +195,7 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
         except StopIteration:
             end = True
         except BaseException as exc:  # noqa: BLE001
-            msg = (key, _ERR, _portable(exc), None, None)
+            msg = (key, _ERR, portable(exc), None, None)
             if items:  # deliver what came before the error first
                 out_q.put((key, _ITEMS, _PACKER(items) if by_value else items, base, None))
             continue

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import pickle
 import random
 from typing import Any, Callable
 
@@ -29,7 +28,7 @@ from torchdata.nodes import BaseNode, ParallelMapper
 
 from conveyor.nodes._pool import OrderedThreads
 from conveyor.nodes._rng import derive_seed
-from conveyor.nodes._threads import CarryErrors, Raised, shutdown_torchdata
+from conveyor.nodes._threads import CarryErrors, Raised, portable, shutdown_torchdata
 from conveyor.nodes._skips import log_skip
 
 log = logging.getLogger(__name__)
@@ -64,17 +63,25 @@ class _Enumerate(BaseNode):
 
 
 class _Failed:
-    """An exception raised by ``fn``, carried back to the caller's thread."""
+    """An exception raised by ``fn``, carried back to the caller's thread.
+
+    In threads it is the exception itself. Sent from a worker process, it carries the
+    exception only when that survives pickling both ways (an exception whose ``__init__``
+    takes other arguments than ``args`` pickles but fails to unpickle, which would kill
+    torchdata's receiving thread and hang ``next()``), else its text and traceback.
+    """
 
     __slots__ = ("exc", "text")
 
-    def __init__(self, exc: BaseException):
-        self.text = f"{type(exc).__name__}: {exc}"
-        try:
-            pickle.dumps(exc)
-            self.exc: BaseException | None = exc
-        except Exception:  # an exception a process cannot send back: keep its text
-            self.exc = None
+    def __init__(self, exc: BaseException | None, text: str | None = None):
+        self.exc = exc
+        self.text = text if text is not None else f"{type(exc).__name__}: {exc}"
+
+    def __reduce__(self) -> tuple:
+        exc = None if self.exc is None else portable(self.exc)
+        if exc is not self.exc:  # it cannot travel: its text and traceback do
+            return (_Failed, (None, str(exc) if exc is not None else self.text))
+        return (_Failed, (exc, self.text))
 
 
 class _Call:
