@@ -155,21 +155,37 @@ def test_draft_matches_full_decode_geometry_and_pixels(big_jpeg, big_full):
         shifted = _full_resize(big_full, (left + shift, top, left + w + shift, top + h))
         assert _psnr(fused, ref) > 30
         assert _psnr(fused, ref) > _psnr(shifted, ref) + 6
-        with Image.open(io.BytesIO(data)) as img:
-            scales.add(ci._decode_region(img, (left, top, left + w, top + h), (OUT, OUT))[1])
+        with ci.px.Picture(data) as pic:
+            scales.add(ci._crop_resize(pic, (left, top, left + w, top + h), OUT, OUT)[1])
     assert max(scales) > 1  # the draft path was exercised
 
 
-def test_draft_never_decodes_below_output_resolution(big_jpeg):
+def _spy_decodes(monkeypatch) -> list[tuple[tuple[int, ...], int]]:
+    """Record (decoded array shape, reduction) of every Picture.decode call."""
+    seen: list[tuple[tuple[int, ...], int]] = []
+    real = ci.px.Picture.decode
+
+    def spy(self, *args, **kwargs):
+        arr, s = real(self, *args, **kwargs)
+        seen.append((arr.shape, s))
+        return arr, s
+
+    monkeypatch.setattr(ci.px.Picture, "decode", spy)
+    return seen
+
+
+def test_draft_never_decodes_below_output_resolution(big_jpeg, monkeypatch):
     data = big_jpeg.read_bytes()
+    seen = _spy_decodes(monkeypatch)
     used = set()
     for seed in range(30):
         top, left, h, w = ci.random_resized_crop_box(3000, 2000, rng=random.Random(seed))
-        with Image.open(io.BytesIO(data)) as img:
-            out, s = ci._decode_region(img, (left, top, left + w, top + h), (OUT, OUT))
-            # the image really was decoded at 1/s
-            assert img.size == (math.ceil(3000 / s), math.ceil(2000 / s))
-        assert out.size == (OUT, OUT)
+        item = {"bytes": data, "index": 0}
+        out = ci.train_transform(item, flip=False, rng=random.Random(seed))["image"]
+        shape, s = seen[-1]
+        # the image really was decoded at 1/s
+        assert shape == (math.ceil(2000 / s), math.ceil(3000 / s), 3)
+        assert out.shape == (3, OUT, OUT)
         assert w / s >= OUT and h / s >= OUT
         assert s == 8 or w / (2 * s) < OUT or h / (2 * s) < OUT  # the largest such scale
         used.add(s)
