@@ -67,6 +67,7 @@ _BUILTIN: dict[str, str] = {
     "batch": "conveyor.graphs.ops:BATCH",
     "bucket_batch": "conveyor.graphs.ops_text:BUCKET_BATCH",
     "collate": "conveyor.graphs.ops:COLLATE",
+    "dataset": "conveyor.graphs.ops_data:DATASET",
     "fetch": "conveyor.graphs.ops_storage:FETCH",
     "filter": "conveyor.graphs.ops:FILTER",
     "list_files": "conveyor.graphs.ops:LIST_FILES",
@@ -159,6 +160,18 @@ def resolve_fn(ref: Any) -> Callable:
     """
     if callable(ref):
         return ref
+    obj = resolve_attr(ref)
+    if not callable(obj):
+        raise ValueError(f"{ref!r} is not callable")
+    return obj
+
+
+def resolve_attr(ref: Any) -> Any:
+    """Import what ``module:attr`` names (``attr`` may be dotted), callable or not.
+
+    Raises:
+        ValueError: with what went wrong (bad form, module missing, attribute missing).
+    """
     if not isinstance(ref, str) or ":" not in ref:
         raise ValueError(f"expected a callable named 'module:attr', got {ref!r}")
     module_name, _, attr = ref.partition(":")
@@ -176,8 +189,6 @@ def resolve_fn(ref: Any) -> Callable:
 
             raise ValueError(f"module '{module_name}' has no attribute '{attr}'" + did_you_mean(part, names))
         obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{ref!r} is not callable")
     return obj
 
 

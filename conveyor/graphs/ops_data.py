@@ -1,0 +1,101 @@
+"""Bring-your-own-data ops as the compiler sees them: ``dataset`` and ``iterable``.
+
+``dataset`` opens a map-style dataset when the spec is checked (once per process: the build
+reuses it), so a dataset that cannot be made, has no ``__len__``/``__getitem__``, or weights
+that do not fit it (wrong length, negative, NaN, all zero) are spec errors with the spec's
+file:line, not failures at the first batch.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from torchdata.nodes import BaseNode
+
+from conveyor.dataset import DatasetHandle, check_dataset, open_dataset
+from conveyor.graphs.fn_check import bind_problems
+from conveyor.graphs.ops import BuildContext
+from conveyor.graphs.registry import OpSpec, param, resolve_attr
+from conveyor.nodes.dataset import DatasetSampler, weights_problem
+
+
+class Sampler(str, enum.Enum):
+    sequential = "sequential"
+    shuffle = "shuffle"
+    weighted = "weighted"
+
+
+@dataclass(frozen=True)
+class DatasetParams:
+    dataset: str = param(doc="module:attr: a Dataset class or factory (called once per process with "
+                             "args), or a dataset object; anything with __len__ and __getitem__")
+    args: dict = param(factory=dict, doc="keyword arguments for the class or factory")
+    sampler: Sampler = param(Sampler.sequential, doc="sequential | shuffle (per epoch, from seed) | "
+                                                     "weighted (per-item weights)")
+    weights: list[float] | str | None = param(None, doc="sampler: weighted: one weight >= 0 per item, or "
+                                                        "module:attr of fn(dataset) -> weights")
+    num_samples: int | None = param(None, min=1, doc="indexes drawn per epoch (default: the dataset's length)")
+    replacement: bool = param(True, doc="weighted: draw with replacement (WeightedRandomSampler's rule)")
+    seed: int | None = param(None, doc="the sampler's seed (default: the graph's seed)")
+
+
+def _weights(p: DatasetParams, dataset: Any) -> list[float] | None:
+    """The weights as a list of floats (``weights: module:attr`` is called with the dataset)."""
+    if p.weights is None or isinstance(p.weights, list):
+        return p.weights
+    source = resolve_attr(p.weights)
+    value = source(dataset) if callable(source) else source
+    if hasattr(value, "tolist"):  # a tensor or an array
+        value = value.tolist()
+    return [float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else w for w in value]
+
+
+def _check_dataset(p: DatasetParams, n_inputs: int) -> list[tuple[str, str]]:
+    errors: list[tuple[str, str]] = []
+    try:
+        target = resolve_attr(p.dataset)
+    except ValueError as exc:
+        return [("dataset", str(exc))]
+    if isinstance(target, type) or (callable(target) and not hasattr(target, "__getitem__")):
+        errors += [("args", m) for m in bind_problems(target, p.args, item=False, what=p.dataset)]
+        if errors:
+            return errors
+    try:
+        dataset = open_dataset(p.dataset, p.args)
+    except ValueError as exc:
+        return [("dataset", str(exc))]
+    problem = check_dataset(dataset, p.dataset)
+    if problem:
+        return [("dataset", problem)]
+    n = len(dataset)
+    if (p.weights is not None) != (p.sampler is Sampler.weighted):
+        which = "weights" if p.weights is not None else "sampler"
+        return [(which, "weights go with sampler: weighted, and it needs them")]
+    if p.weights is None:
+        return []
+    try:
+        weights = _weights(p, dataset)
+    except Exception as exc:
+        return [("weights", f"{p.weights}: {type(exc).__name__}: {exc}")]
+    problem = weights_problem(weights, n)  # type: ignore[arg-type]
+    if problem:
+        return [("weights", problem)]
+    positive = sum(1 for w in weights if w > 0)  # type: ignore[union-attr]
+    if not p.replacement and (p.num_samples or n) > positive:
+        return [("num_samples", f"{p.num_samples or n} draws without replacement need as many items "
+                                f"of weight > 0; there are {positive}")]
+    return []
+
+
+def _build_dataset(p: DatasetParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    handle = DatasetHandle(p.dataset, p.args)
+    return DatasetSampler(handle, sampler=p.sampler.value, seed=ctx.seed_for(p.seed),
+                          weights=_weights(p, handle.get()), num_samples=p.num_samples,
+                          replacement=p.replacement)
+
+
+DATASET = OpSpec("dataset", DatasetParams, _build_dataset, "none",
+                 "indexes of a map-style Dataset (torch, Hugging Face, any __len__/__getitem__), "
+                 "sampled per epoch; read them with map fn: conveyor.dataset:getitem", _check_dataset)

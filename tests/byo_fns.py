@@ -1,0 +1,59 @@
+"""Datasets, iterables and transforms that the bring-your-own-code tests name in specs."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+
+class Squares(torch.utils.data.Dataset):
+    """A map-style dataset: item i is {"x": i * i, "label": i % classes}; ``bad`` indexes raise."""
+
+    def __init__(self, n: int, classes: int = 2, bad: list[int] | None = None):
+        self.n = n
+        self.classes = classes
+        self.bad = set(bad or [])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        if i in self.bad:
+            raise ValueError(f"item {i} is broken")
+        return {"x": i * i, "label": i % self.classes, "i": i}
+
+
+def imbalanced(n_major: int = 100, n_minor: int = 10) -> list:
+    """A 10:1 imbalanced dataset: (i, label) with n_major of class 0, n_minor of class 1."""
+    return [(i, 0) for i in range(n_major)] + [(n_major + i, 1) for i in range(n_minor)]
+
+
+def balance(dataset) -> list[float]:
+    """One weight per item, inverse to its class's frequency."""
+    counts: dict[int, int] = {}
+    for _, label in dataset:
+        counts[label] = counts.get(label, 0) + 1
+    return [1.0 / counts[label] for _, label in dataset]
+
+
+def hf_dataset(n: int):
+    """A Hugging Face datasets.Dataset built in memory (no hub)."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"x": list(range(n)), "label": [i % 3 for i in range(n)]})
+
+
+NOT_A_DATASET = 42
+
+
+class ThreadLog(Squares):
+    """Squares that records which thread read each item."""
+
+    threads: list[str] = []
+
+    def __getitem__(self, i: int) -> dict:
+        import threading
+
+        ThreadLog.threads.append(threading.current_thread().name)
+        return super().__getitem__(i)
