@@ -264,6 +264,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="shard", help="shard file name prefix (default: shard)")
     p.add_argument("--concurrency", type=int, default=16, help="source reads in flight (default 16)")
     p.add_argument("--overwrite", action="store_true", help="replace shards already in DST")
+    p.add_argument("--format", choices=("tar", "lmdb"), default="tar",
+                   help="tar: WebDataset shards (default); lmdb: one LMDB environment at DST (local disk)")
     p.set_defaults(func=run)
     return p
 
@@ -277,6 +279,13 @@ def run(args: argparse.Namespace) -> int:
     if args.concurrency < 1:
         raise SystemExit("conveyor pack: --concurrency must be >= 1")
     t0 = time.perf_counter()
+    if args.format == "lmdb":
+        from conveyor.pack_lmdb import pack_lmdb
+
+        out = pack_lmdb(args.src, args.dst, concurrency=args.concurrency, overwrite=args.overwrite)
+        print(f"packed {out['samples']} samples ({out['bytes']:,} bytes) of {len(out['classes'])} classes "
+              f"into the LMDB environment {out['path']} in {time.perf_counter() - t0:.1f} s")
+        return 0
     index = pack(args.src, args.dst, shard_size=size, prefix=args.prefix,
                  concurrency=args.concurrency, overwrite=args.overwrite)
     for shard in index["shards"]:

@@ -81,6 +81,41 @@ def _shards() -> str:
     return _SHARDS[0] + "/*.tar"
 
 
+_TABLES: list[str] = []
+
+
+def _tables() -> str:
+    """Two small Parquet files (row groups of 5) and an LMDB of the number files, once."""
+    if not _TABLES:
+        import tempfile
+
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from conveyor.pack_lmdb import pack_lmdb
+
+        out = tempfile.mkdtemp(prefix="contract-tables-")
+        for f, n in (("a", 13), ("b", 8)):
+            pq.write_table(pa.table({"x": [f"{f}{i}" for i in range(n)]}), f"{out}/{f}.parquet", row_group_size=5)
+        pack_lmdb(str(ROOT / "examples/data/numbers"), f"{out}/numbers.lmdb")
+        _TABLES.append(out)
+    return _TABLES[0]
+
+
+def _read_parquet() -> BaseNode:
+    from conveyor.nodes.read_parquet import ReadParquet
+
+    return ReadParquet(ListFiles(url=_tables() + "/*.parquet", shuffle=True), batch_rows=3)
+
+
+def _read_lmdb() -> BaseNode:
+    from conveyor.nodes.list_lmdb import ListLmdb
+    from conveyor.nodes.read_lmdb import ReadLmdb
+
+    return ReadLmdb(ShuffleBuffer(ListLmdb(path=_tables() + "/numbers.lmdb", label="parent_dir", shuffle=True),
+                                  size=4))
+
+
 def _read_tar(**kw: Any) -> BaseNode:
     from conveyor.nodes.read_tar import ReadTar
 
@@ -116,6 +151,8 @@ CHAINS: dict[str, Callable[[], BaseNode]] = {
     "fetch_then_map_threads": lambda: Map(_fetch(concurrency=3), fn=read_numbers, workers=2),
     "read_tar": lambda: _read_tar(),
     "read_tar_then_shuffle": lambda: ShuffleBuffer(_read_tar(), size=4),
+    "read_parquet": _read_parquet,
+    "list_lmdb_read_lmdb": _read_lmdb,
 }
 
 

@@ -1,0 +1,256 @@
+"""read_parquet: stream the rows of Parquet files, row group by row group, file after file.
+
+The input is a stream of file records from ``list_files`` (``{"path", "index", ...}``). Each
+file is opened with pyarrow (local paths directly, any other fsspec URL through fsspec:
+``s3://``, ``gs://``...) and read one row group at a time, in slices of ``batch_rows`` rows,
+so memory holds one slice of Python rows and one row group's decoded columns, never the
+file. Every row is a dict of its columns (``columns`` reads only those) plus its provenance:
+``file`` (the path), ``row`` (0-based, in the file) and ``index``, a stable sample id made of
+the file's ``index`` and the row (``file_index * 2**32 + row``). A column of the same name is
+replaced, as ``read_jsonl`` does with a line's own keys. This is how Hugging Face datasets
+are stored.
+
+A file that is not Parquet, or lacks a column asked for, raises ``SampleError`` naming the
+file with ``on_error="raise"``; with ``on_error="skip"`` the whole file is skipped and
+counted (``skipped_files``). A row group that fails to decode is named by file and row group,
+or skipped with its rows counted (``skipped``).
+
+The state is the input's state before the current file, whether a file is open, the row
+group and the row in it: a restore re-reads that one file record, opens the file and decodes
+only the row group it stopped in (never the rows of the groups before it).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator
+
+from torchdata.nodes import BaseNode
+
+from conveyor.errors import SampleError
+from conveyor.nodes._skips import log_skip
+
+log = logging.getLogger(__name__)
+
+ON_ERROR = ("raise", "skip")
+ROW_BITS = 32
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - pyarrow is in the parquet and test extras
+        raise SampleError("read_parquet needs pyarrow: pip install 'conveyor[parquet]'") from exc
+    return pq
+
+
+class ReadParquet(BaseNode[dict]):
+    """Yield the rows of each Parquet file named by the input's ``path`` fields, in order.
+
+    Args:
+        source: a stream of file records (``{"path", "index", ...}``), e.g. ``ListFiles``.
+        columns: the columns to read (``None``: all).
+        batch_rows: rows decoded into Python at a time (memory, not semantics).
+        on_error: ``"raise"`` (``SampleError`` naming the file and row group) or ``"skip"``.
+        storage_options: passed to fsspec for non-local URLs; never logged.
+
+    Example:
+        >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os
+        >>> from torchdata.nodes import IterableWrapper
+        >>> path = os.path.join(tempfile.mkdtemp(), "a.parquet")
+        >>> pq.write_table(pa.table({"text": ["hi", "yo"]}), path)
+        >>> [r["text"] for r in ReadParquet(IterableWrapper([{"path": path, "index": 0}]))]
+        ['hi', 'yo']
+    """
+
+    SOURCE_KEY = "source"
+    OPEN_KEY = "open"
+    GROUP_KEY = "row_group"
+    ROW_KEY = "row"
+    SKIPPED_KEY = "skipped"
+    SKIPPED_FILES_KEY = "skipped_files"
+    FILES_KEY = "files"
+
+    def __init__(self, source: BaseNode, *, columns: list[str] | None = None, batch_rows: int = 1024,
+                 on_error: str = "raise", storage_options: dict[str, Any] | None = None):
+        super().__init__()
+        if on_error not in ON_ERROR:
+            raise ValueError(f"{on_error=} must be one of {ON_ERROR}")
+        if batch_rows < 1:
+            raise ValueError(f"{batch_rows=} must be >= 1")
+        if columns is not None and (not columns or not all(isinstance(c, str) and c for c in columns)):
+            raise ValueError(f"{columns=} must be a non-empty list of column names or None")
+        self.source = source
+        self.columns = list(columns) if columns is not None else None
+        self.batch_rows = batch_rows
+        self.on_error = on_error
+        self.storage_options = storage_options
+        self.skipped = self.skipped_files = self.files = 0
+        self._file_state: dict | None = None
+        self._file: dict | None = None
+        self._pf: Any = None
+        self._fh: Any = None
+        self._starts: list[int] = []   # the file's first row of each row group
+        self._group = 0
+        self._row = 0                  # rows of the current group already emitted
+        self._rows: list[dict] = []
+        self._i = 0
+        self._batches: Iterator[Any] | None = None
+
+    # ----- stats and closing --------------------------------------------------------------
+    def stats(self) -> dict[str, int]:
+        return {"files": self.files, "skipped": self.skipped, "skipped_files": self.skipped_files}
+
+    def close(self) -> None:
+        self._batches = None
+        self._pf = None
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            finally:
+                self._fh = None
+
+    # ----- opening ------------------------------------------------------------------------
+    def _open(self, record: Any) -> bool:
+        """Open ``record``'s file; False when it was skipped (on_error: skip)."""
+        path = record.get("path") if isinstance(record, dict) else None
+        if not isinstance(path, str):
+            raise SampleError(f"read_parquet expects file records with a 'path' (from list_files), got {record!r}")
+        pq = _pyarrow()
+        self._file = record
+        try:
+            if "://" in path and not path.startswith("file://"):
+                import fsspec
+
+                self._fh = fsspec.open(path, "rb", **(self.storage_options or {})).open()
+                self._pf = pq.ParquetFile(self._fh)
+            else:
+                self._pf = pq.ParquetFile(path.removeprefix("file://"))
+        except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError; a missing file an OSError
+            self.close()
+            return self._bad_file(f"cannot read it as Parquet ({type(exc).__name__}: {exc})")
+        names = self._pf.schema_arrow.names
+        missing = [c for c in self.columns or () if c not in names]
+        if missing:
+            self.close()
+            return self._bad_file(f"no column {', '.join(map(repr, missing))} (it has: {', '.join(names)})")
+        meta = self._pf.metadata
+        self._starts, n = [], 0
+        for g in range(meta.num_row_groups):
+            self._starts.append(n)
+            n += meta.row_group(g).num_rows
+        return True
+
+    def _bad_file(self, why: str) -> bool:
+        where = self._file["path"]  # type: ignore[index]
+        if self.on_error == "raise":
+            raise SampleError(f"read_parquet: {where}: {why} (set on_error: skip to count and skip bad files)")
+        self.skipped_files += 1
+        log_skip(log, self.skipped + self.skipped_files, f"read_parquet: skipped {where}: {why}")
+        return False
+
+    def _load_group(self, skip: int) -> bool:
+        """Start row group ``self._group`` with its first ``skip`` rows left out; False when it
+        was skipped as undecodable (on_error: skip)."""
+        self._rows, self._i = [], 0
+        self._batches = self._pf.iter_batches(batch_size=self.batch_rows, row_groups=[self._group],
+                                              columns=self.columns, use_threads=False)
+        try:
+            while skip > 0:
+                batch = next(self._batches, None)
+                if batch is None:
+                    break
+                if batch.num_rows <= skip:
+                    skip -= batch.num_rows
+                    continue
+                self._rows, self._i = batch.slice(skip).to_pylist(), 0
+                skip = 0
+        except (OSError, ValueError) as exc:
+            return self._bad_group(exc)
+        return True
+
+    def _bad_group(self, exc: Exception) -> bool:
+        where = f"{self._file['path']} row group {self._group}"  # type: ignore[index]
+        why = f"cannot decode ({type(exc).__name__}: {exc})"
+        if self.on_error == "raise":
+            raise SampleError(f"read_parquet: {where}: {why}") from exc
+        rows = self._pf.metadata.row_group(self._group).num_rows - self._row
+        self.skipped += rows
+        log_skip(log, self.skipped + self.skipped_files, f"read_parquet: skipped {rows} rows of {where}: {why}")
+        self._batches, self._rows, self._i = None, [], 0
+        return False
+
+    # ----- iteration ----------------------------------------------------------------------
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.close()
+        self._file, self._rows, self._i = None, [], 0
+        if initial_state is None:
+            self.source.reset()
+            self._file_state = self.source.state_dict()
+            self._group = self._row = 0
+            self.skipped = self.skipped_files = self.files = 0
+            return
+        self._file_state = initial_state[self.SOURCE_KEY]
+        self.source.reset(self._file_state)
+        self.skipped = initial_state[self.SKIPPED_KEY]
+        self.skipped_files = initial_state[self.SKIPPED_FILES_KEY]
+        self.files = initial_state[self.FILES_KEY]
+        self._group, self._row = initial_state[self.GROUP_KEY], initial_state[self.ROW_KEY]
+        if initial_state[self.OPEN_KEY]:
+            if not self._open(next(self.source)):
+                raise SampleError(f"read_parquet: {self._file['path']} can no longer be read where the "  # type: ignore[index]
+                                  "state was taken")
+            if self._group < len(self._starts):
+                self._load_group(self._row)
+
+    def _next_file(self) -> None:
+        self.close()
+        self._file = None
+        self._file_state = self.source.state_dict()  # after this file's record
+
+    def next(self) -> dict:
+        while True:
+            if self._i < len(self._rows):
+                row = self._rows[self._i]
+                self._i += 1
+                return self._emit(row)
+            if self._pf is None:
+                record = next(self.source)  # StopIteration ends the stream
+                self.files += 1
+                self._group = self._row = 0
+                if not self._open(record):
+                    self._next_file()
+                    continue
+                if self._starts:
+                    self._load_group(0)
+                continue
+            if self._batches is not None:
+                try:
+                    batch = next(self._batches, None)
+                except (OSError, ValueError) as exc:
+                    self._bad_group(exc)
+                    batch = None
+                if batch is not None:
+                    self._rows, self._i = batch.to_pylist(), 0
+                    continue
+            self._group += 1
+            self._row = 0
+            if self._group >= len(self._starts):
+                self._next_file()
+                continue
+            self._load_group(0)
+
+    def _emit(self, row: dict) -> dict:
+        file = self._file  # type: ignore[assignment]
+        at = self._starts[self._group] + self._row
+        self._row += 1
+        row["file"] = file["path"]
+        row["row"] = at
+        row["index"] = (int(file.get("index", 0)) << ROW_BITS) + at
+        return row
+
+    def get_state(self) -> dict:
+        return {self.SOURCE_KEY: self._file_state, self.OPEN_KEY: self._pf is not None,
+                self.GROUP_KEY: self._group, self.ROW_KEY: self._row, self.SKIPPED_KEY: self.skipped,
+                self.SKIPPED_FILES_KEY: self.skipped_files, self.FILES_KEY: self.files}

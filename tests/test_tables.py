@@ -1,0 +1,225 @@
+"""read_parquet, list_lmdb and read_lmdb: what goes in comes out, exact resume, clear errors,
+Parquet from S3 (moto on loopback) and from Hugging Face ``datasets``, LMDB packed from an
+ImageNet folder and read by several worker processes at once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from conveyor import SampleError, SpecErrors, load_graph
+from conveyor.errors import SourceError, StateError
+from conveyor.nodes.list_files import ListFiles
+from conveyor.nodes.list_lmdb import ListLmdb
+from conveyor.nodes.read_lmdb import ReadLmdb
+from conveyor.nodes.read_parquet import ReadParquet
+from conveyor.pack_lmdb import pack_lmdb
+from s3_server import moto_server, s3  # noqa: F401  (fixtures)
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "examples/data/imagenet-sample/train"
+PROVENANCE = ("file", "row", "index")
+
+
+def _table(n: int, offset: int = 0) -> pa.Table:
+    return pa.table({"id": list(range(offset, offset + n)),
+                     "text": [f"row {i} " + "x" * (i % 7) for i in range(offset, offset + n)],
+                     "score": [i / 3 for i in range(offset, offset + n)],
+                     "tags": [[i, i + 1] if i % 2 else None for i in range(offset, offset + n)]})
+
+
+@pytest.fixture(scope="module")
+def parquet_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("parquet")
+    pq.write_table(_table(25), d / "a.parquet", row_group_size=7)      # row groups of 7,7,7,4
+    pq.write_table(_table(0), d / "b.parquet")                         # an empty file
+    pq.write_table(_table(10, 100), d / "c.parquet", row_group_size=4)
+    return d
+
+
+def _strip(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in PROVENANCE}
+
+
+def test_rows_read_back_equal_to_read_table(parquet_dir: Path) -> None:
+    node = ReadParquet(ListFiles(url=str(parquet_dir / "*.parquet")), batch_rows=3)
+    rows = list(node)
+    want = [r for f in ("a", "b", "c") for r in pq.read_table(parquet_dir / f"{f}.parquet").to_pylist()]
+    assert [_strip(r) for r in rows] == want and len(rows) == 35
+    assert [(Path(r["file"]).name, r["row"]) for r in rows[:2]] == [("a.parquet", 0), ("a.parquet", 1)]
+    assert rows[25]["file"].endswith("c.parquet") and rows[25]["row"] == 0
+    assert rows[25]["index"] == (2 << 32) and len({r["index"] for r in rows}) == 35
+    assert node.stats() == {"files": 3, "skipped": 0, "skipped_files": 0}
+    some = list(ReadParquet(ListFiles(url=str(parquet_dir / "c.parquet")), columns=["text"]))
+    assert [_strip(r) for r in some] == pq.read_table(parquet_dir / "c.parquet", columns=["text"]).to_pylist()
+
+
+def test_a_parquet_file_written_by_datasets_reads_back_equal(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets", reason="Hugging Face datasets is in the test extras")
+    ds = datasets.Dataset.from_dict({"text": [f"doc {i}" for i in range(40)], "label": [i % 3 for i in range(40)]})
+    path = tmp_path / "hf.parquet"
+    ds.to_parquet(str(path), batch_size=16)
+    rows = [_strip(r) for r in ReadParquet(ListFiles(url=str(path)))]
+    assert rows == pq.read_table(path).to_pylist() == ds.to_list()
+
+
+def test_every_step_resumes_exactly_in_a_spec(parquet_dir: Path, write_spec) -> None:
+    spec = write_spec(f"""
+params: {{root: "{parquet_dir.as_posix()}"}}
+nodes:
+  files:   {{op: list_files, url: "${{root}}/*.parquet", shuffle: true}}
+  rows:    {{op: read_parquet, columns: [id, text], batch_rows: 2}}
+  shuffle: {{op: shuffle_buffer, size: 6}}
+  batch:   {{op: batch, size: 4}}
+output: batch
+""")
+    with load_graph(spec) as loader:
+        full, states = [], []
+        for _ in range(2):
+            states.append([])
+            for b in loader:
+                states[-1].append(json.loads(json.dumps(loader.state_dict())))
+                full.append([r["id"] for r in b])
+    assert sorted(i for b in full[:len(states[0])] for i in b) == list(range(25)) + list(range(100, 110))
+    flat = [s for ep in states for s in ep][:-1]  # (the last state resumes at a third epoch)
+    for k, state in enumerate(flat):
+        with load_graph(spec) as again:
+            again.load_state_dict(state)
+            rest = [[r["id"] for r in b] for b in again]
+            if k < len(states[0]) - 1:  # mid-epoch 0: its rest, then epoch 1
+                rest += [[r["id"] for r in b] for b in again]  # and the whole next epoch
+            assert rest == full[k + 1:], f"resumed after batch {k}"
+
+
+def test_bad_parquet_files_are_named_or_counted(tmp_path: Path, parquet_dir: Path) -> None:
+    (tmp_path / "0-good.parquet").write_bytes((parquet_dir / "c.parquet").read_bytes())
+    (tmp_path / "1-bad.parquet").write_bytes(b"PAR1 but not really a parquet file")
+    with pytest.raises(SampleError, match=r"read_parquet: .*1-bad\.parquet: cannot read it as Parquet"):
+        list(ReadParquet(ListFiles(url=str(tmp_path / "*.parquet"))))
+    node = ReadParquet(ListFiles(url=str(tmp_path / "*.parquet")), on_error="skip")
+    assert len(list(node)) == 10 and node.stats()["skipped_files"] == 1
+    with pytest.raises(SampleError, match=r"0-good\.parquet: no column 'nope' \(it has: id, text, score, tags\)"):
+        list(ReadParquet(ListFiles(url=str(tmp_path / "0-*.parquet")), columns=["text", "nope"]))
+
+
+def test_parquet_from_s3_reads_the_same_rows(s3, parquet_dir: Path) -> None:
+    root = s3.upload(parquet_dir, "tables")
+    remote = list(ReadParquet(ListFiles(url=root + "/*.parquet"), batch_rows=5))
+    local = list(ReadParquet(ListFiles(url=str(parquet_dir / "*.parquet")), batch_rows=5))
+    assert [_strip(r) for r in remote] == [_strip(r) for r in local] and len(remote) == 35
+    assert remote[0]["file"].startswith("s3://")
+
+
+def test_table_op_spec_errors(write_spec, tmp_path: Path) -> None:
+    spec = write_spec(f"""
+nodes:
+  files: {{op: list_files, url: "{tmp_path.as_posix()}/*.parquet"}}
+  rows:  {{op: read_parquet, columns: [a, a]}}
+  keys:  {{op: list_lmdb, path: "s3://bucket/env", start: b, stop: a}}
+  vals:  {{op: read_lmdb, input: keys}}
+  both:  {{op: mix, input: [rows, vals]}}
+output: both
+""")
+    with pytest.raises(SpecErrors) as info:
+        load_graph(spec)
+    got = {(e.node, e.param): str(e) for e in info.value.errors}
+    assert "expected distinct, non-empty column names, got ['a', 'a']" in got[("rows", "columns")]
+    assert "LMDB is read from local disk only, got 's3://bucket/env'" in got[("keys", "path")]
+    assert "expected a key after start 'b', got 'a'" in got[("keys", "stop")]
+    assert all(e.line > 0 for e in info.value.errors)
+
+
+# ----- LMDB -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lmdb_env(tmp_path_factory) -> Path:
+    dst = tmp_path_factory.mktemp("lmdb") / "train.lmdb"
+    out = pack_lmdb(str(SAMPLE), str(dst))
+    assert out["samples"] == 200 and len(out["classes"]) == 10 and dst.is_dir()
+    return dst
+
+
+def test_pack_lmdb_holds_every_image_with_its_class(lmdb_env: Path) -> None:
+    files = {Path(r["path"]).relative_to(SAMPLE).as_posix(): r["label"]
+             for r in ListFiles(url=str(SAMPLE / "*/*.JPEG"), label="parent_dir").records()}
+    node = ReadLmdb(ListLmdb(path=str(lmdb_env), label="parent_dir"))
+    got = list(node)
+    assert {r["key"]: r["label"] for r in got} == files  # same keys, same class numbers
+    assert [r["key"] for r in got] == sorted(files)       # key order
+    first = got[0]
+    assert first["bytes"] == (SAMPLE / first["key"]).read_bytes() and first["lmdb"] == str(lmdb_env)
+    # a range and a prefix list only their keys
+    some = ListLmdb(path=str(lmdb_env), prefix="n02102040/").records()
+    assert len(some) == 20 and all(r["key"].startswith("n02102040/") for r in some)
+    rng = ListLmdb(path=str(lmdb_env), start="n02102040", stop="n02979186").records()
+    assert [r["key"] for r in rng] == [r["key"] for r in some]
+
+
+def test_an_imagenet_graph_over_lmdb_decodes_and_resumes(lmdb_env: Path, write_spec) -> None:
+    spec = write_spec(f"""
+params: {{root: "{lmdb_env.as_posix()}"}}
+nodes:
+  keys:    {{op: list_lmdb, path: "${{root}}", label: parent_dir, shuffle: true}}
+  shard:   {{op: shard}}
+  shuffle: {{op: shuffle_buffer, size: 32}}
+  read:    {{op: read_lmdb}}
+  decode:  {{op: map, fn: conveyor.image:eval_transform, args: {{size: 32, resize: 36}}, workers: 2}}
+  batch:   {{op: batch, size: 16, drop_last: true}}
+  collate: {{op: collate}}
+output: collate
+""")
+    with load_graph(spec) as loader:
+        it = iter(loader)
+        head = [next(it) for _ in range(3)]
+        state = loader.state_dict()
+        rest = [b["index"].tolist() for b in it]
+    assert head[0]["image"].shape == (16, 3, 32, 32) and head[0]["image"].dtype == torch.uint8
+    assert len(rest) == 200 // 16 - 3
+    with load_graph(spec) as again:
+        again.load_state_dict(json.loads(json.dumps(state)))
+        assert [b["index"].tolist() for b in again] == rest
+
+
+def test_several_worker_processes_read_one_environment(lmdb_env: Path, write_spec) -> None:
+    def spec(copies: int) -> Path:
+        workers = f"workers: {{copies: {copies}, method: process, until: read}}\n" if copies > 1 else ""
+        return write_spec(f"""{workers}nodes:
+  keys:  {{op: list_lmdb, path: "{lmdb_env.as_posix()}", label: parent_dir}}
+  shard: {{op: shard, by: [rank, worker]}}
+  read:  {{op: read_lmdb}}
+  size:  {{op: map, fn: planted_fns:ident}}
+output: size
+""", name=f"lmdb{copies}.yaml")
+
+    def keys(path: Path) -> list:
+        with load_graph(path) as loader:
+            return sorted((r["key"], len(r["bytes"])) for r in loader)
+
+    one = keys(spec(1))
+    assert len(one) == 200 and keys(spec(2)) == one
+
+
+def test_lmdb_errors_name_the_environment_and_key(lmdb_env: Path, tmp_path: Path) -> None:
+    from torchdata.nodes import IterableWrapper
+
+    missing = [{"lmdb": str(lmdb_env), "key": "n01440764/none.JPEG", "index": 0}]
+    with pytest.raises(SampleError, match=r"read_lmdb: .*train\.lmdb: no key 'n01440764/none\.JPEG'"):
+        list(ReadLmdb(IterableWrapper(missing)))
+    node = ReadLmdb(IterableWrapper(missing + [{"lmdb": str(lmdb_env), "key": "n01440764/n01440764_10250.JPEG",
+                                                "index": 1}]), on_error="skip")
+    assert [r["index"] for r in node] == [1] and node.stats() == {"skipped": 1}
+    with pytest.raises(SourceError, match="no LMDB environment at"):
+        ListLmdb(path=str(tmp_path / "nothing")).records()
+    with pytest.raises(SourceError, match="has no key matching prefix 'zzz'"):
+        ListLmdb(path=str(lmdb_env), prefix="zzz").records()
+    # a state taken on a listing of another length is refused
+    node2 = ListLmdb(path=str(lmdb_env), prefix="n02102040/")
+    node2.reset()
+    next(node2)
+    with pytest.raises(StateError, match="listing of 20 keys, but .* now lists 200"):
+        ListLmdb(path=str(lmdb_env)).reset(node2.state_dict())
