@@ -57,3 +57,32 @@ class ThreadLog(Squares):
 
         ThreadLog.threads.append(threading.current_thread().name)
         return super().__getitem__(i)
+
+
+class Jitter:
+    """A configured transform: made once per worker with ``scale``, called per item; draws from
+    the per-sample ``generator`` (torch) and ``rng`` (random) the map gives it."""
+
+    made: list[int] = []
+
+    def __init__(self, scale: float, offset: float = 0.0):
+        import threading
+
+        self.scale = scale
+        self.offset = offset
+        self.calls = 0
+        Jitter.made.append(threading.get_ident())
+
+    def __call__(self, item, *, generator: torch.Generator, rng: random.Random, bias: float = 0.0):
+        self.calls += 1
+        noise = torch.rand(3, generator=generator) * self.scale
+        return {"index": item["index"], "noise": noise + self.offset + bias, "coin": rng.random() < 0.5}
+
+
+class NotCallable:
+    def __init__(self, k: int = 1):
+        self.k = k
+
+
+def scale(item, *, k: int):
+    return item * k

@@ -109,3 +109,8 @@ def two_arg_error_on_three(item):
     if item % 3 == 0:
         raise TwoArgError("no", item)
     return item
+
+
+def takes_any(item, **kwargs):
+    """Accepts any keyword arguments (for specs that test params, not the call)."""
+    return item

@@ -24,7 +24,7 @@ nodes:
   files: {op: list_files, url: "${root}/*.txt", shuffle: "${flip}"}
   parse:
     op: map
-    fn: "helpers_fns:times"
+    fn: "helpers_fns:takes_any"
     args: {k: "${batch_size}", name: "run-${tag}-${batch_size}", deep: [{lr: "${lr}"}, "${sizes}"]}
   batch: {op: batch, size: "${batch_size}"}
 output: batch

@@ -26,7 +26,8 @@ def _signature(fn: Callable) -> inspect.Signature | None:
         return None
 
 
-def bind_problems(fn: Callable, args: dict[str, Any], *, item: bool, what: str) -> list[str]:
+def bind_problems(fn: Callable, args: dict[str, Any], *, item: bool, what: str,
+                  passed: bool = True) -> list[str]:
     """What is wrong with calling ``fn([item,] **args)``; empty when the call binds.
 
     Args:
@@ -34,6 +35,7 @@ def bind_problems(fn: Callable, args: dict[str, Any], *, item: bool, what: str) 
         args: the keyword arguments the spec gives.
         item: ``fn`` also receives the item as its first positional argument.
         what: how to name ``fn`` in messages (``'mymod:resize'``).
+        passed: with ``item``, the caller passes ``rng``/``generator`` when ``fn`` takes them.
     """
     sig = _signature(fn)
     if sig is None:
@@ -42,7 +44,7 @@ def bind_problems(fn: Callable, args: dict[str, Any], *, item: bool, what: str) 
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     problems = []
     given = dict(args)
-    if item:
+    if item and passed:
         for name in PASSED_BY_MAP:
             if name in args:
                 problems.append(f"'{name}' is given by the map itself (per sample); remove it from args")
@@ -63,3 +65,41 @@ def bind_problems(fn: Callable, args: dict[str, Any], *, item: bool, what: str) 
     except TypeError as exc:
         problems.append(f"{what}: {exc}")
     return problems
+
+
+def check_call(ref: str, args: dict[str, Any], init: dict[str, Any] | None, *,
+               randomness: bool = True) -> list[tuple[str, str]]:
+    """A map's (or filter's) ``fn``, ``args`` and ``init`` checked together, as
+    ``[(param, message)]`` for the validator.
+
+    Args:
+        ref: ``fn`` as written (``module:attr``), already known to import.
+        args: keyword arguments for each call.
+        init: keyword arguments for the constructor, when ``fn`` is a class.
+        randomness: the op passes ``rng``/``generator`` (map does, filter does not).
+    """
+    from conveyor.graphs.registry import resolve_fn
+
+    fn = resolve_fn(ref)
+    errors: list[tuple[str, str]] = []
+    if isinstance(fn, type):
+        call = next((vars(k)["__call__"] for k in fn.__mro__ if "__call__" in vars(k)), None)
+        if call is None:
+            return [("fn", f"{ref} is a class whose instances are not callable (no __call__)")]
+        errors += [("init", m) for m in bind_problems(fn, init or {}, item=False, what=f"{ref}()")]
+        try:
+            sig = inspect.signature(call)
+            bound = sig.replace(parameters=list(sig.parameters.values())[1:])
+        except (TypeError, ValueError):
+            return errors
+
+        def shaped(item: Any, **kw: Any) -> None: ...
+        shaped.__signature__ = bound  # type: ignore[attr-defined]
+        errors += [("args", m) for m in bind_problems(shaped, args, item=True, what=f"{ref}.__call__",
+                                                      passed=randomness)]
+        return errors
+    if init:
+        errors.append(("init", f"init goes to a class's constructor, but {ref} is a "
+                               f"{type(fn).__name__}, not a class"))
+    errors += [("args", m) for m in bind_problems(fn, args, item=True, what=ref, passed=randomness)]
+    return errors

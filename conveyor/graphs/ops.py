@@ -15,6 +15,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from conveyor.graphs.registry import Fn, OpSpec, param, resolve_fn
+from conveyor.nodes._configured import PerWorker
 from conveyor.nodes.batch import Batch
 from conveyor.nodes.collate import Collate
 from conveyor.nodes.filter import Filter
@@ -123,8 +124,10 @@ def _build_shuffle(p: ShuffleBufferParams, inputs: list[BaseNode], ctx: BuildCon
 
 @dataclass(frozen=True)
 class MapParams:
-    fn: Fn = param(doc="module:attr, called as fn(item, **args)")
-    args: dict = param(factory=dict)
+    fn: Fn = param(doc="module:attr, called as fn(item, **args); a class is made once per worker "
+                       "with init, then called per item")
+    args: dict = param(factory=dict, doc="keyword arguments for each call, checked against fn's signature")
+    init: dict | None = param(None, doc="when fn is a class: keyword arguments for its constructor")
     workers: int = param(0, min=0, doc="0 = inline")
     method: Method = param(Method.thread)
     on_error: OnError = param(OnError.raise_)
@@ -134,20 +137,39 @@ class MapParams:
     snapshot_every: int = param(16, min=1, doc="input state taken every N items (restore re-reads <= N)")
 
 
+def _map_fn(p: MapParams | FilterParams) -> Any:
+    """``fn``, or for a class a ``PerWorker`` that makes one instance per worker thread/process."""
+    fn = resolve_fn(p.fn)
+    return PerWorker(fn, p.init) if isinstance(fn, type) else fn
+
+
+def _check_map(p: MapParams, n_inputs: int) -> list[tuple[str, str]]:
+    from conveyor.graphs.fn_check import check_call
+
+    return check_call(p.fn, p.args, p.init)
+
+
 def _build_map(p: MapParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
-    return Map(inputs[0], fn=resolve_fn(p.fn), args=p.args, workers=p.workers, method=p.method.value,
+    return Map(inputs[0], fn=_map_fn(p), args=p.args, workers=p.workers, method=p.method.value,
                on_error=p.on_error.value, seed=ctx.seed_for(p.seed), rank=ctx.rank, where=ctx.where,
                mp_context=p.mp_context, snapshot_every=p.snapshot_every, ordered=p.ordered)
 
 
 @dataclass(frozen=True)
 class FilterParams:
-    fn: Fn = param(doc="module:attr predicate, fn(item, **args) -> bool")
-    args: dict = param(factory=dict)
+    fn: Fn = param(doc="module:attr predicate, fn(item, **args) -> bool; a class is made once with init")
+    args: dict = param(factory=dict, doc="keyword arguments for each call, checked against fn's signature")
+    init: dict | None = param(None, doc="when fn is a class: keyword arguments for its constructor")
+
+
+def _check_filter(p: FilterParams, n_inputs: int) -> list[tuple[str, str]]:
+    from conveyor.graphs.fn_check import check_call
+
+    return check_call(p.fn, p.args, None, randomness=False)
 
 
 def _build_filter(p: FilterParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
-    return Filter(inputs[0], fn=resolve_fn(p.fn), args=p.args, where=ctx.where)
+    return Filter(inputs[0], fn=_map_fn(p), args=p.args, where=ctx.where)
 
 
 @dataclass(frozen=True)
@@ -223,8 +245,9 @@ LIST_FILES = OpSpec("list_files", ListFilesParams, _build_list_files, "none",
 SHARD = OpSpec("shard", ShardParams, _build_shard, "one", "keep this rank's share")
 SHUFFLE_BUFFER = OpSpec("shuffle_buffer", ShuffleBufferParams, _build_shuffle, "one",
                         "shuffle within windows of `size` items")
-MAP = OpSpec("map", MapParams, _build_map, "one", "fn over items, in order, in threads or processes")
-FILTER = OpSpec("filter", FilterParams, _build_filter, "one", "drop items where fn is false")
+MAP = OpSpec("map", MapParams, _build_map, "one", "fn over items, in order, in threads or processes",
+             _check_map)
+FILTER = OpSpec("filter", FilterParams, _build_filter, "one", "drop items where fn is false", _check_filter)
 BATCH = OpSpec("batch", BatchParams, _build_batch, "one", "lists of `size` items")
 COLLATE = OpSpec("collate", NoParams, _build_collate, "one", "stack samples (default_collate)")
 PIN_MEMORY = OpSpec("pin_memory", PinMemoryParams, _build_pin, "one", "page-locked memory on CUDA")

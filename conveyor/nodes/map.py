@@ -6,8 +6,13 @@ node: no pool is torn down and rebuilt each epoch. Processes, and threads with
 ``ordered=False``, run in torchdata's ``ParallelMapper``. If ``fn`` takes an ``rng``
 argument it receives a ``random.Random`` seeded from (seed, epoch, sample index), where the
 sample index is the item's ``"index"`` field when it has one (list_files records do) and the
-item's position in this node's input otherwise (then the rank is mixed in too). Outputs therefore never depend
-on the number of workers, the method, or timing.
+item's position in this node's input otherwise (then the rank is mixed in too). A
+``generator`` argument receives a ``torch.Generator`` seeded the same way, for torch-random
+transforms (``torch.rand(..., generator=generator)``). Outputs therefore never depend on the
+number of workers, the method, or timing. torch's *global* RNG (what ``torch.rand()`` without
+a generator, and torchvision's random transforms, draw from) is not seeded per sample nor
+saved in the state: a transform using it runs, but neither repeats nor resumes exactly.
+``fn`` may be a transform object made once per worker (``_configured.PerWorker``).
 
 Errors in ``fn`` are raised in the caller's thread as the original exception with a note
 naming the node (``on_error="raise"``), or counted and skipped (``on_error="skip"``); the
@@ -24,6 +29,7 @@ import logging
 import random
 from typing import Any, Callable
 
+import torch
 from torchdata.nodes import BaseNode, ParallelMapper
 
 from conveyor.nodes._pool import OrderedThreads
@@ -33,6 +39,7 @@ from conveyor.nodes._skips import log_skip
 
 log = logging.getLogger(__name__)
 
+_SEED_MASK = (1 << 63) - 1  # torch.Generator seeds are signed 64-bit
 METHODS = ("thread", "process")
 ON_ERROR = ("raise", "skip")
 
@@ -94,9 +101,11 @@ class _Call:
         self.rank = rank
         self.epoch = 0
         try:
-            self.wants_rng = "rng" in inspect.signature(fn).parameters
+            params = inspect.signature(fn).parameters
         except (TypeError, ValueError):
-            self.wants_rng = False
+            params = {}
+        self.wants_rng = "rng" in params
+        self.wants_generator = "generator" in params
 
     def sample_seed(self, pos: int, item: Any) -> int:
         index = item.get("index") if isinstance(item, dict) else None
@@ -104,13 +113,24 @@ class _Call:
             return derive_seed(self.seed, self.epoch, index)
         return derive_seed(self.seed, self.epoch, self.rank, pos, 1)
 
+    def _randomness(self, pos: int, item: Any) -> dict[str, Any]:
+        """``rng`` (a ``random.Random``) and/or ``generator`` (a ``torch.Generator``), seeded
+        from this sample alone."""
+        seed = self.sample_seed(pos, item)
+        out: dict[str, Any] = {}
+        if self.wants_rng:
+            out["rng"] = random.Random(seed)
+        if self.wants_generator:
+            out["generator"] = torch.Generator().manual_seed(derive_seed(seed, 2) & _SEED_MASK)
+        return out
+
     def __call__(self, pair: tuple[int, Any]) -> Any:
         pos, item = pair
         if isinstance(item, Raised):
             return item  # an error upstream, not in fn: re-raised by Map.next as it is
         try:
-            if self.wants_rng:
-                return self.fn(item, rng=random.Random(self.sample_seed(pos, item)), **self.args)
+            if self.wants_rng or self.wants_generator:
+                return self.fn(item, **self._randomness(pos, item), **self.args)
             return self.fn(item, **self.args)
         except Exception as exc:  # carried to the caller, re-raised or counted there
             return _Failed(exc)
