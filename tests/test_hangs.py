@@ -132,3 +132,76 @@ def test_an_input_error_that_cannot_travel_to_a_process_and_back_is_raised_as_it
             next(node)
     finally:
         node.close()
+
+
+# ----- worker processes end with a main process killed by SIGKILL ---------------------------
+
+ORPHANS = """
+import multiprocessing as mp, sys, threading, time
+sys.path.insert(0, %r)
+from conveyor import load_graph
+copies = load_graph(sys.argv[1])
+mapped = load_graph(sys.argv[2])
+next(iter(copies))  # started from the main thread: the kernel's parent-death signal applies
+threading.Thread(target=lambda: next(iter(mapped))).start()  # not: the parent watch must do it
+while len(mp.active_children()) < 4:
+    time.sleep(0.05)
+print(" ".join(str(p.pid) for p in mp.active_children()), flush=True)
+time.sleep(120)
+""" % str(TESTS)
+
+NUMBERS = ROOT / "examples/data/numbers"
+COPIES_SPEC = f"""
+workers: {{copies: 2, method: process, until: parse}}
+nodes:
+  files: {{op: list_files, url: "{NUMBERS}/*/*.txt"}}
+  shard: {{op: shard}}
+  parse: {{op: map, fn: "conveyor.files:read_numbers"}}
+  batch: {{op: batch, size: 4}}
+output: batch
+"""
+PROCESS_MAP_SPEC = f"""
+nodes:
+  files: {{op: list_files, url: "{NUMBERS}/*/*.txt"}}
+  parse: {{op: map, fn: "conveyor.files:read_numbers", workers: 2, method: process}}
+  batch: {{op: batch, size: 4}}
+output: batch
+"""
+
+
+def _gone(pid: int) -> bool:
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie nobody reaps: ended
+    except FileNotFoundError:
+        if Path("/proc/self").exists():
+            return True
+    try:  # no /proc: ask the kernel
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_worker_processes_end_when_the_main_process_is_killed(write_spec) -> None:
+    import os
+    import signal
+
+    main = subprocess.Popen([sys.executable, "-c", ORPHANS, str(write_spec(COPIES_SPEC, "c.yaml")),
+                             str(write_spec(PROCESS_MAP_SPEC, "m.yaml"))],
+                            stdout=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        pids = [int(p) for p in main.stdout.readline().split()]
+        assert len(pids) == 4, pids
+        main.send_signal(signal.SIGKILL)
+        main.wait(timeout=10)
+        assert _wait_until(lambda: all(_gone(p) for p in pids), timeout=20), \
+            [p for p in pids if not _gone(p)]
+    finally:
+        for pid in [main.pid] + pids:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        main.stdout.close()

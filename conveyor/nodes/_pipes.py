@@ -32,13 +32,15 @@ class PipeOut:
     (``msg[1] == "items"``) waits for a credit first: chunks whose big tensors sit in shared
     memory are small in the pipe, so the pipe's size alone would not bound what a worker runs
     ahead. ``put`` raises ``queue.Full`` when ``timeout`` passes without one, and
-    ``BrokenPipeError`` once ``stop`` is set.
+    ``BrokenPipeError`` once ``stop`` is set or the main process is gone (``parent``, a
+    ``_parent.Parent``: nobody will give a credit again).
     """
 
-    def __init__(self, conn: Any, credits: Any = None, stop: Any = None):
+    def __init__(self, conn: Any, credits: Any = None, stop: Any = None, parent: Any = None):
         self.conn = conn
         self.credits = credits
         self.stop = stop
+        self.parent = parent
 
     def put(self, msg: tuple, timeout: float | None = None) -> None:
         if self.credits is not None and msg[1] == "items":
@@ -47,6 +49,8 @@ class PipeOut:
                 waited += 0.1
                 if self.stop is not None and self.stop.is_set():
                     raise BrokenPipeError("closing")
+                if self.parent is not None and self.parent.gone():
+                    raise BrokenPipeError("the main process is gone")
                 if timeout is not None and waited >= timeout:
                     raise queue.Full
         if not _RAW:

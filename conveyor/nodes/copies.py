@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import queue
 import signal
 import threading
@@ -36,6 +37,7 @@ from typing import Any, Callable
 from torchdata.nodes import BaseNode
 
 from conveyor.nodes._handoff import Packer, unpack
+from conveyor.nodes._parent import Parent, watch_parent
 from conveyor.nodes._pipes import PipeOut, make_pipe
 from conveyor.nodes._threads import portable
 
@@ -89,7 +91,7 @@ def _death(worker: Any) -> str:
 
 def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
                  cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, by_value: bool,
-                 run_ahead: bool = True, credits: Any = None) -> None:
+                 run_ahead: bool = True, credits: Any = None, parent: tuple[int, bool] | None = None) -> None:
     """One worker: build the copy once, then run epochs as the commands ask.
 
     Items travel in chunks (8 items first, doubling up to ``chunk``, or what ``max_wait``
@@ -97,17 +99,22 @@ def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: i
     chunk's small tensors into one buffer and moves big ones to shared memory here (see
     ``_handoff``). With ``run_ahead``, a copy that sent the end of epoch e goes on
     into epoch e + 1 from its start, unasked: the main process takes those items if that is
-    what it asks for next, and drops them otherwise.
+    what it asks for next, and drops them otherwise. A worker process given ``parent`` (the
+    main process's pid, and whether its main thread started the worker) ends when the main
+    process does (``_parent``).
     """
+    watch = None
+    if parent is not None:
+        watch = watch_parent(parent[0], what=f"conveyor worker copy {w}", from_main_thread=parent[1])
     if by_value:
-        out_q = PipeOut(out_q, credits, stop)
+        out_q = PipeOut(out_q, credits, stop, watch)
         import torch
 
         # N copies already use the cores: torch's own intra-op threads would only contend
         # (and spin) with the other copies, as DataLoader's workers also set.
         torch.set_num_threads(1)
     try:
-        _serve(factory, w, cmd_q, out_q, stop, chunk, max_wait, by_value, run_ahead)
+        _serve(factory, w, cmd_q, out_q, stop, chunk, max_wait, by_value, run_ahead, watch)
     except (BrokenPipeError, EOFError):
         pass  # the main process closed its end: it is gone or closing
     except BaseException as exc:  # noqa: BLE001 - a failure outside the graph's items: say it
@@ -120,7 +127,7 @@ def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: i
 
 def _serve(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
            cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, by_value: bool,
-           run_ahead: bool) -> None:
+           run_ahead: bool, watch: Parent | None) -> None:
     try:
         root, nodes = factory(w)
     except BaseException as exc:  # noqa: BLE001 - reported to the main process
@@ -133,6 +140,8 @@ def _serve(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
             try:
                 cmd = cmd_q.get(timeout=_POLL)
             except queue.Empty:
+                if watch is not None and watch.gone():
+                    return
                 continue
         if cmd is not None:
             if cmd[0] == "stop":
@@ -291,6 +300,7 @@ class WorkerCopies(BaseNode):
             self._stop = threading.Event()
             make_q, make_worker = queue.Queue, threading.Thread
         by_value = self.method == "process"
+        parent = (os.getpid(), threading.current_thread() is threading.main_thread()) if by_value else None
         for w in range(self.copies):
             cmd_q = make_q()
             credits = None
@@ -302,7 +312,7 @@ class WorkerCopies(BaseNode):
             self._credits.append(credits)
             worker = make_worker(target=_worker_loop, args=(self.factory, w, cmd_q, child_end, self._stop,
                                                             self.chunk, self.max_wait, by_value,
-                                                            self.run_ahead, credits),
+                                                            self.run_ahead, credits, parent),
                                  daemon=True, name=f"conveyor-copy-{w}")
             worker.start()
             if by_value:

@@ -26,12 +26,16 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import random
+import threading
+from multiprocessing.util import register_after_fork
 from typing import Any, Callable
 
 import torch
 from torchdata.nodes import BaseNode, ParallelMapper
 
+from conveyor.nodes._parent import watch_parent
 from conveyor.nodes._pool import OrderedThreads
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._threads import CarryErrors, Raised, portable, shutdown_torchdata
@@ -92,9 +96,15 @@ class _Failed:
 
 
 class _Call:
-    """The picklable callable that workers run: seeds the rng, calls fn, catches errors."""
+    """The picklable callable that workers run: seeds the rng, calls fn, catches errors.
+
+    Given ``parent`` (the main process's pid, and whether its main thread starts the
+    workers), a copy of it in a worker process makes that process end with the main one
+    (``_parent``): as it is unpickled there (spawn, forkserver) or after a fork.
+    """
 
     def __init__(self, fn: Callable, args: dict[str, Any], seed: int, rank: int):
+        self.parent: tuple[int, bool] | None = None
         self.fn = fn
         self.args = dict(args)
         self.seed = seed
@@ -106,6 +116,15 @@ class _Call:
             params = {}
         self.wants_rng = "rng" in params
         self.wants_generator = "generator" in params
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.watch_parent()
+
+    def watch_parent(self) -> None:
+        """In a worker process (not the one that made ``parent``): end with that one."""
+        if self.parent is not None and os.getpid() != self.parent[0]:
+            watch_parent(self.parent[0], what="conveyor map worker", from_main_thread=self.parent[1])
 
     def sample_seed(self, pos: int, item: Any) -> int:
         index = item.get("index") if isinstance(item, dict) else None
@@ -193,6 +212,8 @@ class Map(BaseNode):
         self.skipped = 0
         self._pm: ParallelMapper | None = None  # processes, or threads unordered
         self._pool: OrderedThreads | None = None  # threads, in order: persists across epochs
+        if workers and method == "process":
+            register_after_fork(self.call, _Call.watch_parent)  # under fork nothing is unpickled
         if workers and method == "thread" and ordered:
             self._pool = OrderedThreads(self.source, self.call, workers=workers,
                                         window=max_concurrent or 2 * workers,
@@ -236,6 +257,8 @@ class Map(BaseNode):
             return
         if self.workers == 0:
             return
+        if self.method == "process":
+            self.call.parent = (os.getpid(), threading.current_thread() is threading.main_thread())
         self._pm = ParallelMapper(
             self.source, self.call, num_workers=self.workers, in_order=self.ordered, method=self.method,
             multiprocessing_context=self.mp_context, max_concurrent=self.max_concurrent,
