@@ -86,3 +86,27 @@ class NotCallable:
 
 def scale(item, *, k: int):
     return item * k
+
+
+class Counting(torch.utils.data.IterableDataset):
+    """A torch IterableDataset without state: 0..n-1 as {"v": i}."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        return iter({"v": i} for i in range(self.n))
+
+
+def generate(n: int):
+    """A generator function: a one-shot iterator each call."""
+    for i in range(n):
+        yield {"v": i * 2}
+
+
+def hf_stream(n: int):
+    """A Hugging Face IterableDataset (state_dict/load_state_dict). Not shuffled: Hugging Face's
+    shuffle buffer is not in its state, so a shuffled stream does not resume exactly."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"v": list(range(n))}).to_iterable_dataset(num_shards=2)

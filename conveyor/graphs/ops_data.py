@@ -1,5 +1,8 @@
 """Bring-your-own-data ops as the compiler sees them: ``dataset`` and ``iterable``.
 
+``iterable`` is not made when the spec is checked (a stream may open connections): its
+``module:attr`` must import, and ``args`` must bind to the factory's signature.
+
 ``dataset`` opens a map-style dataset when the spec is checked (once per process: the build
 reuses it), so a dataset that cannot be made, has no ``__len__``/``__getitem__``, or weights
 that do not fit it (wrong length, negative, NaN, all zero) are spec errors with the spec's
@@ -9,6 +12,7 @@ file:line, not failures at the first batch.
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +23,7 @@ from conveyor.graphs.fn_check import bind_problems
 from conveyor.graphs.ops import BuildContext
 from conveyor.graphs.registry import OpSpec, param, resolve_attr
 from conveyor.nodes.dataset import DatasetSampler, weights_problem
+from conveyor.nodes.iterable import IterableSource
 
 
 class Sampler(str, enum.Enum):
@@ -99,3 +104,40 @@ def _build_dataset(p: DatasetParams, inputs: list[BaseNode], ctx: BuildContext) 
 DATASET = OpSpec("dataset", DatasetParams, _build_dataset, "none",
                  "indexes of a map-style Dataset (torch, Hugging Face, any __len__/__getitem__), "
                  "sampled per epoch; read them with map fn: conveyor.dataset:getitem", _check_dataset)
+
+
+@dataclass(frozen=True)
+class IterableParams:
+    iterable: str = param(doc="module:attr: an IterableDataset class, a factory returning any iterable "
+                              "(a generator function is called each epoch), or an iterable object")
+    args: dict = param(factory=dict, doc="keyword arguments for the class or factory")
+
+
+def _make_iterable(ref: str, args: dict[str, Any]) -> Any:
+    target = resolve_attr(ref)
+    return target(**args) if callable(target) and not hasattr(target, "__iter__") or isinstance(target, type) \
+        else target
+
+
+def _check_iterable(p: IterableParams, n_inputs: int) -> list[tuple[str, str]]:
+    try:
+        target = resolve_attr(p.iterable)
+    except ValueError as exc:
+        return [("iterable", str(exc))]
+    if isinstance(target, type) or (callable(target) and not hasattr(target, "__iter__")):
+        return [("args", m) for m in bind_problems(target, p.args, item=False, what=p.iterable)]
+    if not hasattr(target, "__iter__"):
+        return [("iterable", f"{p.iterable} is an object of type {type(target).__name__}: neither iterable "
+                             "nor a class or factory")]
+    if p.args:
+        return [("args", f"{p.iterable} is an iterable object, not a class or factory: it takes no args")]
+    return []
+
+
+def _build_iterable(p: IterableParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return IterableSource(functools.partial(_make_iterable, p.iterable, p.args), name=p.iterable)
+
+
+ITERABLE = OpSpec("iterable", IterableParams, _build_iterable, "none",
+                  "items of an IterableDataset (torch, Hugging Face) or any iterable; resumed through its "
+                  "state_dict when it has one, else by re-reading and skipping", _check_iterable)

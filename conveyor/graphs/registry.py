@@ -70,6 +70,7 @@ _BUILTIN: dict[str, str] = {
     "dataset": "conveyor.graphs.ops_data:DATASET",
     "fetch": "conveyor.graphs.ops_storage:FETCH",
     "filter": "conveyor.graphs.ops:FILTER",
+    "iterable": "conveyor.graphs.ops_data:ITERABLE",
     "list_files": "conveyor.graphs.ops:LIST_FILES",
     "list_lmdb": "conveyor.graphs.ops_tables:LIST_LMDB",
     "map": "conveyor.graphs.ops:MAP",
