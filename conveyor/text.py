@@ -1,27 +1,42 @@
-"""Built-in map functions for text: a byte-level and a whitespace/vocabulary tokenizer.
+"""Built-in map functions for text: byte-level, whitespace/vocabulary and Hugging Face tokenizers.
 
-Both take a record (a dict such as ``read_jsonl`` yields, or a bare string) and return
-``{"input_ids": 1-D torch.long tensor, ...}`` carrying the record's ``index`` and ``label``
-when it has them, ready for ``bucket_batch`` (``length: input_ids``) and ``pad_collate``.
-Any user function that returns ids as a list or a 1-D tensor in a field works the same way.
+Each takes a record (a dict such as ``read_jsonl`` yields, or a bare string) and returns
+``{"input_ids": 1-D torch.long tensor, ...}`` carrying the record's ``index``, ``label``,
+``file`` and ``line`` when it has them, ready for ``bucket_batch`` (``length: input_ids``)
+and ``pad_collate``. Any user function that returns ids as a list, a 1-D tensor or a 1-D numpy
+array in a field works the same way.
 
 - ``byte_tokenize``: the UTF-8 bytes of the text are the ids (0..255); no vocabulary file.
   ``add_bos``/``add_eos`` add ids 256/257 by default.
 - ``vocab_tokenize``: whitespace split, ids from a vocabulary file (one token per line, the
   id is the line number), unknown tokens map to ``unk``. The file is read once per path and
   kept (per process), so a map over millions of records reads it once.
+- ``hf_tokenize``: a Hugging Face ``tokenizers`` tokenizer from a ``tokenizer.json`` file
+  (``pip install conveyor[text]``), read once per path and process; ``train_tokenizer`` makes
+  a small one from JSONL files (tests, examples).
+
+``byte_tokenize`` and ``hf_tokenize`` also take a *list* of records and return a list of
+outputs, which is how ``map`` with ``batch: N`` calls them: one call tokenizes N records
+(``encode_batch``, in Rust and in parallel, for ``hf_tokenize``; one buffer for
+``byte_tokenize``). A list's ids are 1-D int64 numpy arrays, views of one buffer per call
+(a tensor each would cost more than tokenizing a short text); ``pad_collate`` and
+``collate`` turn them into tensors per batch.
 
 ``max_length`` truncates to at most that many ids, specials included (an ``eos`` stays last).
-A record without the field, or whose field is not a string, raises ``SampleError`` naming the
-record's file and line when it has them.
+A record without the field, whose field is not a string or is not valid Unicode (a lone
+surrogate such as ``"\\ud800"``), raises ``SampleError`` naming the record's file and line when
+it has them.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+import glob as _glob
+import itertools
+from typing import Any, Iterable
 
 import fsspec
+import numpy as np
 import torch
 
 from conveyor.errors import SampleError
@@ -54,13 +69,32 @@ def _text(item: Any, field: str) -> str:
     return text
 
 
-def _out(item: Any, ids: torch.Tensor) -> dict[str, Any]:
+def _utf8(item: Any, text: str, field: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SampleError(f"{_where(item)}: field {field!r} is not valid Unicode ({exc.reason} at "
+                          f"character {exc.start}); no tokenizer can encode it") from None
+
+
+def _check_unicode(item: Any, text: str, field: str) -> None:
+    if not text.isascii():
+        _utf8(item, text, field)
+
+
+def _out(item: Any, ids: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"input_ids": ids}
     if isinstance(item, dict):
         for key in CARRIED:
             if key in item:
                 out[key] = item[key]
     return out
+
+
+def _views(buf: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
+    """``buf`` cut into consecutive views of ``lengths``."""
+    ends = list(itertools.accumulate(lengths))
+    return [buf[e - n:e] for n, e in zip(lengths, ends)]
 
 
 def _check_max_length(max_length: int | None, specials: int) -> None:
@@ -80,11 +114,12 @@ def _assemble(body: torch.Tensor, bos: int | None, eos: int | None, max_length: 
 
 
 def byte_tokenize(item: Any, *, field: str = "text", max_length: int | None = None, add_bos: bool = False,
-                  add_eos: bool = False, bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> dict[str, Any]:
+                  add_eos: bool = False, bos_id: int = BOS_ID, eos_id: int = EOS_ID) -> Any:
     """UTF-8 bytes as token ids.
 
     Args:
-        item: a record with a text field, or a string.
+        item: a record with a text field, or a string; or a list of them (a batch: see the
+            module docstring).
         field: the record's text field.
         max_length: keep at most this many ids (specials included); ``None`` keeps all.
         add_bos: start with ``bos_id``.
@@ -93,19 +128,55 @@ def byte_tokenize(item: Any, *, field: str = "text", max_length: int | None = No
         eos_id: id of the end token (default 257).
 
     Returns:
-        ``{"input_ids": LongTensor[n], "index", "label", "file", "line"}`` (those the item has).
+        ``{"input_ids": LongTensor[n], "index", "label", "file", "line"}`` (those the item has);
+        for a list, a list of such dicts whose ids are int64 numpy arrays.
 
     Example:
         >>> byte_tokenize({"text": "hé", "index": 7})["input_ids"].tolist()
         [104, 195, 169]
         >>> byte_tokenize("abc", max_length=3, add_eos=True)["input_ids"].tolist()
         [97, 98, 257]
+        >>> [o["input_ids"].tolist() for o in byte_tokenize(["ab", "c"])]
+        [[97, 98], [99]]
     """
     _check_max_length(max_length, add_bos + add_eos)
-    data = _text(item, field).encode("utf-8")
-    body = torch.frombuffer(bytearray(data), dtype=torch.uint8).long() if data else torch.empty(0, dtype=torch.long)
+    if isinstance(item, list):
+        return _byte_batch(item, field, max_length, bos_id if add_bos else None, eos_id if add_eos else None)
+    data = _utf8(item, _text(item, field), field)
+    body = torch.from_numpy(np.frombuffer(data, np.uint8).astype(np.int64))
     ids = _assemble(body, bos_id if add_bos else None, eos_id if add_eos else None, max_length)
     return _out(item, ids)
+
+
+def _byte_batch(items: list, field: str, max_length: int | None, bos: int | None,
+                eos: int | None) -> list[dict[str, Any]]:
+    """``byte_tokenize`` of a list: every text's bytes in one int64 buffer, a view each."""
+    keep = None if max_length is None else max_length - (bos is not None) - (eos is not None)
+    datas = []
+    for item in items:
+        data = _utf8(item, _text(item, field), field)
+        if keep is not None and len(data) > keep:
+            data = data[:keep]
+        datas.append(data)
+    body = np.frombuffer(b"".join(datas), np.uint8)
+    if bos is None and eos is None:
+        lengths = [len(d) for d in datas]
+        buf = body.astype(np.int64)
+    else:
+        extra = (bos is not None) + (eos is not None)
+        lengths = [len(d) + extra for d in datas]
+        ends = np.cumsum(lengths, dtype=np.int64)
+        starts = ends - np.asarray(lengths, dtype=np.int64)
+        buf = np.empty(int(ends[-1]) if lengths else 0, np.int64)
+        is_body = np.ones(buf.shape[0], bool)
+        if bos is not None:
+            is_body[starts] = False
+            buf[starts] = bos
+        if eos is not None:
+            is_body[ends - 1] = False
+            buf[ends - 1] = eos
+        buf[is_body] = body
+    return [_out(item, ids) for item, ids in zip(items, _views(buf, lengths))]
 
 
 @functools.lru_cache(maxsize=16)
@@ -153,8 +224,159 @@ def vocab_tokenize(item: Any, *, vocab: str, field: str = "text", max_length: in
     unk_id, bos_id, eos_id = specials
     _check_max_length(max_length, (bos is not None) + (eos is not None))
     text = _text(item, field)
+    _check_unicode(item, text, field)
     if lowercase:
         text = text.lower()
     get = table.get
     body = torch.tensor([get(tok, unk_id) for tok in text.split()], dtype=torch.long)
     return _out(item, _assemble(body, bos_id, eos_id, max_length))
+
+
+# ----- Hugging Face tokenizers ----------------------------------------------------------------
+
+def _tokenizers() -> Any:
+    try:
+        import tokenizers
+    except ImportError:
+        raise ImportError("conveyor.text:hf_tokenize needs Hugging Face tokenizers: "
+                          "pip install 'conveyor[text]' (or pip install tokenizers)") from None
+    return tokenizers
+
+
+@functools.lru_cache(maxsize=16)
+def load_tokenizer(path: str, max_length: int | None = None) -> Any:
+    """The ``tokenizers.Tokenizer`` saved at ``path`` (local or any fsspec URL), read once per
+    path and process; truncating to ``max_length`` ids (specials included) when given, and
+    never padding (``pad_collate`` pads).
+
+    Raises:
+        ValueError: the file cannot be read or is not a tokenizer ``tokenizers`` can load;
+            the message names the path.
+    """
+    tokenizers = _tokenizers()
+    try:
+        with fsspec.open(path, "r", encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ValueError(f"cannot read the tokenizer file {path!r}: {why}") from None
+    try:
+        tok = tokenizers.Tokenizer.from_str(text)
+    except Exception as exc:  # tokenizers raises its own Exception for a bad file
+        raise ValueError(f"{path!r} is not a tokenizer.json that Hugging Face tokenizers can load: {exc}") from None
+    tok.no_padding()
+    if max_length is not None:
+        tok.enable_truncation(max_length)
+    return tok
+
+
+def _hf_check_args(args: dict[str, Any]) -> list[str]:
+    """Spec-time check of ``hf_tokenize``'s args: the tokenizer file loads (see ops ``map``)."""
+    path = args.get("tokenizer")
+    if not isinstance(path, str) or not path:
+        return [f"hf_tokenize needs args.tokenizer: the path of a tokenizer.json, got {path!r}"]
+    max_length = args.get("max_length")
+    try:
+        _check_max_length(max_length, 0)
+        load_tokenizer(path, max_length)
+    except (ValueError, ImportError) as exc:
+        return [str(exc)]
+    return []
+
+
+def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: int | None = None,
+                add_special_tokens: bool = True) -> Any:
+    """Token ids from a Hugging Face ``tokenizers`` tokenizer (a ``tokenizer.json`` file).
+
+    Give it a list (``map`` with ``batch: N``) and it runs ``encode_batch`` once for the list:
+    in Rust, on all cores, without the per-record Python that dominates a short text.
+
+    Args:
+        item: a record with a text field, or a string; or a list of them.
+        tokenizer: path or URL of the ``tokenizer.json``; checked when the spec is checked.
+        field: the record's text field.
+        max_length: keep at most this many ids, specials included (the tokenizer truncates).
+        add_special_tokens: add the tokenizer's special tokens (its post-processor's).
+
+    Returns:
+        ``{"input_ids": LongTensor[n], "index", "label", "file", "line"}`` (those the item has);
+        for a list, a list of such dicts whose ids are int64 numpy arrays.
+
+    Example:
+        >>> hf_tokenize({"text": "the cat"}, tokenizer="tokenizer.json")["input_ids"]  # doctest: +SKIP
+        tensor([262, 3012])
+    """
+    _check_max_length(max_length, 0)
+    tok = load_tokenizer(str(tokenizer), max_length)
+    if not isinstance(item, list):
+        text = _text(item, field)
+        try:
+            ids = tok.encode(text, add_special_tokens=add_special_tokens).ids
+        except Exception as exc:  # tokenizers' own errors: name the record
+            _check_unicode(item, text, field)
+            raise SampleError(f"{_where(item)}: the tokenizer failed: {type(exc).__name__}: {exc}") from exc
+        return _out(item, torch.tensor(ids, dtype=torch.long))
+    texts = [_text(x, field) for x in item]
+    try:
+        encodings = tok.encode_batch(texts, add_special_tokens=add_special_tokens)
+    except Exception as exc:  # find the record it failed on
+        for x, text in zip(item, texts):
+            _check_unicode(x, text, field)
+        raise SampleError(f"the tokenizer failed on a list of {len(item)} records "
+                          f"({_where(item[0])} ...): {type(exc).__name__}: {exc}") from exc
+    all_ids = [e.ids for e in encodings]
+    lengths = [len(ids) for ids in all_ids]
+    buf = np.fromiter(itertools.chain.from_iterable(all_ids), np.int64, sum(lengths))
+    return [_out(x, ids) for x, ids in zip(item, _views(buf, lengths))]
+
+
+hf_tokenize.check_args = _hf_check_args  # type: ignore[attr-defined]
+
+
+def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 1000, field: str = "text",
+                    special_tokens: tuple[str, ...] = ("<pad>", "<unk>", "<bos>", "<eos>")) -> str:
+    """Train a small byte-level BPE tokenizer on JSONL files and save it as ``path``.
+
+    For tests, examples and trying ``hf_tokenize`` on the bundled sample (about a second);
+    a real job uses the tokenizer.json of its model.
+
+    Args:
+        files: a glob (``"examples/data/text-sample/*.jsonl"``) or a list of local paths.
+        path: where to write the tokenizer.json.
+        vocab_size: the vocabulary's size (the 256 byte symbols and the specials included).
+        field: the records' text field.
+        special_tokens: added first, with ids 0, 1, ...
+
+    Returns:
+        ``path``.
+
+    Example:
+        >>> train_tokenizer("examples/data/text-sample/*.jsonl", "/tmp/tok.json")  # doctest: +SKIP
+        '/tmp/tok.json'
+    """
+    import json
+
+    tokenizers = _tokenizers()
+    paths = sorted(_glob.glob(files)) if isinstance(files, str) else list(files)
+    if not paths:
+        raise ValueError(f"no files to train a tokenizer on: {files!r}")
+
+    def texts() -> Iterable[str]:
+        for p in paths:
+            with open(p, encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        text = json.loads(line).get(field)
+                        if isinstance(text, str):
+                            yield text
+
+    byte_level = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = byte_level
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens),
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+                                             show_progress=False)
+    tok.train_from_iterator(texts(), trainer)
+    tok.save(path)
+    return path

@@ -65,6 +65,30 @@ def _text_chain() -> BaseNode:
     return PadCollate(bb, fields=["input_ids"])
 
 
+def _map_batches(source: BaseNode, **kw: Any) -> BaseNode:
+    from conveyor.nodes.map_batches import MapBatches
+
+    return MapBatches(Map(source, fn=lambda r: r["index"]), fn=_tens, **kw)
+
+
+def _text_chain_batched() -> BaseNode:
+    from conveyor.nodes.bucket_batch import BucketBatch
+    from conveyor.nodes.map_batches import MapBatches
+    from conveyor.nodes.pad_collate import PadCollate
+    from conveyor.nodes.read_jsonl import ReadJsonl
+    from conveyor.text import byte_tokenize
+
+    one_file = TEXT.replace("*.jsonl", "part-0001.jsonl")
+    read = ShuffleBuffer(ReadJsonl(ListFiles(url=one_file), field="text"), size=50, seed=2)
+    tok = MapBatches(read, fn=byte_tokenize, size=7, args={"max_length": 256})
+    bb = BucketBatch(tok, length="input_ids", boundaries=[64, 128, 256], max_tokens=2048, pool=2)
+    return PadCollate(bb, fields=["input_ids"])
+
+
+def _tens(items: list) -> list:
+    return [x * 10 for x in items]
+
+
 _SHARDS: list[str] = []
 
 
@@ -147,6 +171,9 @@ CHAINS: dict[str, Callable[[], BaseNode]] = {
     "to_device_cpu": lambda: ToDevice(Batch(_files(), size=4), device="cpu"),
     "worker_copies_threads": lambda: WorkerCopies(_copy, copies=2, method="thread"),
     "text_chain": _text_chain,
+    "text_chain_map_batches": _text_chain_batched,
+    "map_batches_inline": lambda: _map_batches(ShuffleBuffer(_files(), size=5), size=3),
+    "map_batches_threads": lambda: _map_batches(_files(), size=4, workers=2),
     "fetch": lambda: _fetch(concurrency=4),
     "fetch_then_map_threads": lambda: Map(_fetch(concurrency=3), fn=read_numbers, workers=2),
     "read_tar": lambda: _read_tar(),

@@ -175,11 +175,15 @@ def batches(draw: Any) -> tuple[list[dict], dict[str, Any]]:
     n = draw(st.integers(1, 12))
     dtype = draw(st.sampled_from(DTYPES))
     lengths = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
-    as_list = draw(st.booleans()) and dtype == torch.long
+    kind = draw(st.sampled_from(["tensor", "list", "numpy"]))  # numpy: the batch tokenizers' output
     samples = []
     for i, L in enumerate(lengths):
         ids = torch.arange(1, L + 1).to(dtype)
-        samples.append({"ids": ids.tolist() if as_list else ids, "label": i % 3, "name": f"s{i}"})
+        if kind == "list" and dtype == torch.long:
+            ids = ids.tolist()
+        elif kind == "numpy" and dtype != torch.bfloat16:
+            ids = ids.numpy()
+        samples.append({"ids": ids, "label": i % 3, "name": f"s{i}"})
     kw = {"side": draw(st.sampled_from(["right", "left"])),
           "pad_to_multiple_of": draw(st.sampled_from([None, 1, 8])),
           "pad_value": draw(st.sampled_from([0, 7, {"ids": 9}]))}
@@ -193,7 +197,7 @@ def test_pad_collate_shapes_masks_lengths_dtypes(case):
     batch, real, padded = pad_collate(samples, **kw)
     lengths = [len(s["ids"]) for s in samples]
     first = samples[0]["ids"]
-    dtype = first.dtype if isinstance(first, torch.Tensor) else torch.long
+    dtype = torch.long if isinstance(first, list) else torch.as_tensor(first).dtype
     m = kw["pad_to_multiple_of"] or 1
     T = -(-max(lengths) // m) * m
     ids, mask = batch["ids"], batch["attention_mask"]
@@ -238,8 +242,8 @@ def test_pad_field_pads_the_first_dim_of_any_shape_on_both_paths():
     expected = {"right": [[[0, 1], [2, 3], [4, 5], pad], [pad] * 4, [[7, 8], pad, pad, pad]],
                 "left": [[pad, [0, 1], [2, 3], [4, 5]], [pad] * 4, [pad, pad, pad, [7, 8]]]}
     for side, want in expected.items():
-        for grad in (False, True):  # tensors needing grad take torch's path, not numpy's
-            seqs = [r.clone().requires_grad_(grad) for r in rows]
+        for grad in (False, True, "numpy"):  # tensors needing grad take torch's path; arrays their own
+            seqs = [r.numpy() if grad == "numpy" else r.clone().requires_grad_(grad) for r in rows]
             padded, lengths, mask = pad_field(seqs, pad_value=9, side=side, multiple=4)
             assert padded.shape == (3, 4, 2) and padded.tolist() == want, (side, grad)
             assert lengths.tolist() == [3, 0, 1]

@@ -21,6 +21,7 @@ from conveyor.nodes.collate import Collate
 from conveyor.nodes.filter import Filter
 from conveyor.nodes.list_files import ListFiles
 from conveyor.nodes.map import Map
+from conveyor.nodes.map_batches import MapBatches, wants_rng
 from conveyor.nodes.mix import Mix
 from conveyor.nodes.pin_memory import PinMemory
 from conveyor.nodes.prefetch import Prefetch
@@ -135,6 +136,8 @@ class MapParams:
     ordered: bool = param(True, doc="false: unordered results, not resumable")
     mp_context: str | None = param(None, doc="spawn | fork | forkserver, for method: process")
     snapshot_every: int = param(16, min=1, doc="input state taken every N items (restore re-reads <= N)")
+    batch: int | None = param(None, min=1, doc="items per call: fn takes a list and returns a list "
+                                               "(cheap items, batch tokenizers)")
 
 
 def _map_fn(p: MapParams | FilterParams) -> Any:
@@ -144,12 +147,31 @@ def _map_fn(p: MapParams | FilterParams) -> Any:
 
 
 def _check_map(p: MapParams, n_inputs: int) -> list[tuple[str, str]]:
+    """``fn``'s signature against ``args`` and ``init``; with ``batch``, no per-sample
+    randomness; and the fn's own ``check_args(args)``, if it has one (a list of messages:
+    conveyor.text:hf_tokenize names a tokenizer file it cannot read)."""
     from conveyor.graphs.fn_check import check_call
 
-    return check_call(p.fn, p.args, p.init)
+    errors = check_call(p.fn, p.args, p.init)
+    try:
+        fn = resolve_fn(p.fn)
+    except ValueError:  # reported as the fn param's error
+        return errors
+    if p.batch is not None and wants_rng(fn):
+        errors.append(("batch", f"{p.fn} takes an rng or a generator, which a batch map cannot give "
+                                "(a list has no single sample index): remove batch"))
+    check = getattr(fn, "check_args", None)
+    if callable(check) and not errors:
+        errors.extend(("args", message) for message in check(dict(p.args)))
+    return errors
 
 
 def _build_map(p: MapParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    if p.batch is not None:
+        return MapBatches(inputs[0], fn=_map_fn(p), size=p.batch, args=p.args, workers=p.workers,
+                          method=p.method.value, on_error=p.on_error.value, where=ctx.where,
+                          seed=ctx.seed_for(p.seed), rank=ctx.rank, mp_context=p.mp_context,
+                          snapshot_every=p.snapshot_every, ordered=p.ordered)
     return Map(inputs[0], fn=_map_fn(p), args=p.args, workers=p.workers, method=p.method.value,
                on_error=p.on_error.value, seed=ctx.seed_for(p.seed), rank=ctx.rank, where=ctx.where,
                mp_context=p.mp_context, snapshot_every=p.snapshot_every, ordered=p.ordered)

@@ -1,10 +1,13 @@
 """pad_collate: collate variable-length samples, padding sequences to the batch's longest.
 
 Each input item is a list of samples (from ``batch`` or ``bucket_batch``). Sequence fields
-(1-D tensors, or lists of numbers; tensors of more dims when named in ``fields``, padded
-along their first dim) are padded to the longest in the batch, rounded up to
+(1-D tensors, 1-D numpy arrays, or lists of numbers; tensors and arrays of more dims when
+named in ``fields``, padded along their first dim) are padded to the longest in the batch, rounded up to
 ``pad_to_multiple_of``, with ``pad_value`` on the ``right`` or ``left``; their dtype is kept
-(lists become ``torch.tensor`` of them: int64 or float32). Every other field is collated
+(lists become ``torch.tensor`` of them: int64 or float32; numpy arrays become tensors of
+their dtype). A field of numpy arrays (what the batch tokenizers of ``conveyor.text`` give)
+is copied into one preallocated buffer, row by row, with no tensor per sample: the cheap path
+for short texts. Every other field is collated
 with torch's ``default_collate``. For each padded field the batch gets its lengths (int64,
 ``[B]``) and an attention mask (int64 1 for real tokens, 0 for padding, ``[B, T]``, as
 Hugging Face models expect):
@@ -40,6 +43,8 @@ _NUMPY = {dt: torch.empty(0, dtype=dt).numpy().dtype for dt in (
 def _is_seq(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.dim() == 1
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1 and value.dtype.kind in "biuf"
     if isinstance(value, (list, tuple)):
         return all(isinstance(v, numbers.Number) and not isinstance(v, bool) for v in value)
     return False
@@ -50,6 +55,11 @@ def _as_tensor(value: Any, name: Any) -> torch.Tensor:
         if value.dim() == 0:
             raise ValueError(f"field {name!r}: a 0-d tensor cannot be padded")
         return value
+    if isinstance(value, np.ndarray):
+        if value.ndim == 0 or value.dtype.kind not in "biuf":
+            raise ValueError(f"field {name!r}: expected a numeric array of 1 dim or more to pad, got "
+                             f"{value.ndim} dims of {value.dtype}")
+        return torch.from_numpy(np.ascontiguousarray(value))
     if isinstance(value, (list, tuple)):
         return torch.tensor(value) if value else torch.empty(0, dtype=torch.long)
     raise ValueError(f"field {name!r}: expected a tensor or a list of numbers to pad, got {type(value).__name__}")
@@ -88,6 +98,10 @@ def pad_field(values: Sequence[Any], *, name: Any = "?", pad_value: float = 0, s
         >>> padded.tolist(), lengths.tolist(), mask.tolist()
         ([[1, 2, 3], [4, 0, 0]], [3, 1], [[1, 1, 1], [1, 0, 0]])
     """
+    if type(values[0]) is np.ndarray:
+        fast = _pad_arrays(values, name, pad_value, side, multiple)
+        if fast is not None:
+            return fast
     seqs = [_as_tensor(v, name) for v in values]
     dtype = reduce(torch.promote_types, (s.dtype for s in seqs if s.numel()), seqs[0].dtype)
     if any(s.numel() == 0 for s in seqs):  # empty lists default to int64: follow the others
@@ -104,13 +118,61 @@ def pad_field(values: Sequence[Any], *, name: Any = "?", pad_value: float = 0, s
     if multiple and longest % multiple:
         longest += multiple - longest % multiple
     padded = _rows(seqs, longest, pad_value, side)
+    return (padded,) + _lengths_mask(counts, longest, side)
+
+
+def _lengths_mask(counts: list[int], longest: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
     sizes = np.array(counts, dtype=np.int64)
     positions = np.arange(longest)
     if side == "right":
         mask = positions[None, :] < sizes[:, None]
     else:
         mask = positions[None, :] >= (longest - sizes)[:, None]
-    return padded, torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64))
+    return torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64))
+
+
+def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side: str,
+                multiple: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``pad_field`` of numpy arrays: one buffer, filled through the mask in one copy (the mask
+    walks the real tokens in row order, which is the order of the arrays joined); None for
+    anything unusual (mixed dtypes or dims, non-numeric arrays), which the tensor path then
+    handles or refuses."""
+    first = values[0]
+    dtype, ndim = first.dtype, first.ndim
+    if ndim == 0 or dtype.kind not in "biuf":
+        return None
+    trailing = first.shape[1:]
+    counts = []
+    for v in values:
+        if type(v) is not np.ndarray or v.ndim != ndim or (v.dtype is not dtype and v.dtype != dtype):
+            return None
+        if ndim > 1 and v.shape[1:] != trailing:
+            return None
+        counts.append(v.shape[0])
+    longest = max(counts)
+    if multiple and longest % multiple:
+        longest += multiple - longest % multiple
+    sizes = np.array(counts, dtype=np.int64)
+    positions = np.arange(longest)
+    if side == "right":
+        mask = positions[None, :] < sizes[:, None]
+    else:
+        mask = positions[None, :] >= (longest - sizes)[:, None]
+    out = np.full((len(values), longest, *trailing), pad_value, dtype=dtype)
+    out[mask] = np.concatenate(values)
+    return torch.from_numpy(out), torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64))
+
+
+def _collate(values: list) -> Any:
+    """``default_collate`` of a field that is not padded; ints and strs (sample ids, file
+    names) the quick way, with the same result."""
+    kind = type(values[0])
+    if kind is int or kind is str:
+        for v in values:
+            if type(v) is not kind:
+                return default_collate(values)
+        return torch.from_numpy(np.array(values, dtype=np.int64)) if kind is int else values
+    return default_collate(values)
 
 
 def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
@@ -158,7 +220,7 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
                 else:
                     extra[f"{key}_lengths"], extra[f"{key}_mask"] = lengths, mask
             else:
-                out[key] = default_collate(values)
+                out[key] = _collate(values)
         clash = [k for k in extra if k in out]
         if clash:
             raise ValueError(f"the samples already have fields {clash}, which pad_collate adds; rename them")

@@ -1,0 +1,284 @@
+"""Text graph throughput against bare Python loops doing the same reading and tokenizing (issue 18).
+
+Contenders, timed side by side in one process, in alternating rounds (the order rotates each
+round, so drift and other processes' load hit all of them), ``--epochs`` epochs each, over
+the bundled docstring corpus (examples/data/text-sample):
+
+* ``bare json + bytes``: open each file, ``json.loads`` each line, ``list(text.encode())[:1024]``
+  (issue 18's reference loop);
+* ``bare orjson + bytes``: the same with ``orjson.loads`` (what the graph parses with);
+* ``graph: specs/text.yaml``: a fresh ``load_graph`` each round, iterated to the end of each
+  epoch (files, shard, read, shuffle, tokenize, bucket_batch, pad_collate, prefetch);
+* with ``tokenizers`` (skipped with ``--no-hf``): a byte-level BPE tokenizer trained on the
+  sample at start (``conveyor.text.train_tokenizer``, 1,000 ids), then ``bare json + hf
+  encode`` (``tok.encode(text).ids`` per line), ``bare json + hf encode_batch`` (lists of
+  256 lines) and ``graph: text.yaml + hf_tokenize`` (the spec with ``conveyor.text:hf_tokenize``,
+  ``batch: 256``, boundaries and budget divided by 4: ids are ~4 bytes of this text).
+
+Records/s count whole epochs from the first ``next`` (a graph's epoch restarts, shuffle
+fills and prefetch included); the graph's start-up (``load_graph``: parse, check, build) is
+reported apart, as is its time to the first batch. Ratios are per round (graph / bare in the
+same round), then the median. ``--breakdown`` prints where a record's time goes instead:
+the graph pulled node by node in this thread (each node's increment over the chain below
+it), with the per-node wrapper (``Counted``), a count-only wrapper and no wrapper at all.
+
+    flock /tmp/bench.lock python benchmarks/text_throughput.py             # the table (~1 min)
+    flock /tmp/bench.lock python benchmarks/text_throughput.py --breakdown
+    python benchmarks/text_throughput.py --rounds 9 --epochs 3 --no-hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import cpu_snapshot, foreign_share, md_table  # noqa: E402
+
+from conveyor import load_graph  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "specs" / "text.yaml"
+MAX_LENGTH = 1024
+HF_BATCH = 256
+
+
+# ----- the bare loops ------------------------------------------------------------------------
+
+def bare_bytes(paths: list[str], epochs: int, loads: Callable[[bytes], Any]) -> int:
+    n = 0
+    for _ in range(epochs):
+        for p in paths:
+            with open(p, "rb") as f:
+                for line in f:
+                    ids = list(loads(line)["text"].encode())[:MAX_LENGTH]
+                    n += ids is not None
+    return n
+
+
+def bare_hf(paths: list[str], epochs: int, tok: Any, batch: int | None) -> int:
+    n = 0
+    for _ in range(epochs):
+        for p in paths:
+            with open(p, "rb") as f:
+                if batch is None:
+                    for line in f:
+                        ids = tok.encode(json.loads(line)["text"]).ids
+                        n += ids is not None
+                    continue
+                texts: list[str] = []
+                for line in f:
+                    texts.append(json.loads(line)["text"])
+                    if len(texts) == batch:
+                        n += len([e.ids for e in tok.encode_batch(texts)])
+                        texts = []
+                if texts:
+                    n += len([e.ids for e in tok.encode_batch(texts)])
+    return n
+
+
+# ----- the graph -------------------------------------------------------------------------------
+
+def graph(spec: Path, epochs: int, root: str) -> dict[str, float]:
+    t0 = time.perf_counter()
+    loader = load_graph(spec, root=root)
+    t1 = time.perf_counter()
+    n = 0
+    first = None
+    try:
+        for _ in range(epochs):
+            for batch in loader:
+                n += batch["input_ids"].shape[0]
+                if first is None:
+                    first = time.perf_counter()
+        t2 = time.perf_counter()
+    finally:
+        loader.close()
+    return {"records": n, "build_s": t1 - t0, "first_s": (first or t2) - t1, "seconds": t2 - t1}
+
+
+def hf_spec(tokenizer: str, out: Path) -> Path:
+    """specs/text.yaml with hf_tokenize; lengths in ids (~4 bytes each here), not bytes."""
+    spec = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    spec["params"]["max_length"] = MAX_LENGTH // 4
+    spec["params"]["max_tokens"] = spec["params"]["max_tokens"] // 4
+    spec["nodes"]["tokenize"] = {"op": "map", "fn": "conveyor.text:hf_tokenize", "batch": HF_BATCH,
+                                 "args": {"tokenizer": tokenizer, "max_length": "${max_length}"}}
+    batch = spec["nodes"]["batch"]
+    batch["boundaries"] = [max(b // 4, 8) for b in batch["boundaries"]]
+    out.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    return out
+
+
+# ----- rounds ----------------------------------------------------------------------------------
+
+def run_rounds(contenders: dict[str, Callable[[], dict[str, float]]], rounds: int) -> dict[str, list[dict]]:
+    results: dict[str, list[dict]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            cpu0 = cpu_snapshot()
+            t0 = time.perf_counter()
+            res = contenders[name]()
+            res["foreign"] = foreign_share(cpu0, cpu_snapshot(), time.perf_counter() - t0)
+            res["rate"] = res["records"] / res["seconds"]
+            results[name].append(res)
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {results[n][-1]['rate']:,.0f}/s" for n in names),
+              file=sys.stderr)
+    return results
+
+
+def timed(fn: Callable[[], int]) -> Callable[[], dict[str, float]]:
+    def run() -> dict[str, float]:
+        t0 = time.perf_counter()
+        n = fn()
+        return {"records": n, "seconds": time.perf_counter() - t0}
+    return run
+
+
+def table(results: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> str:
+    rows = []
+    for name, runs in results.items():
+        rates = [r["rate"] for r in runs]
+        build = [r["build_s"] for r in runs if "build_s" in r]
+        first = [r["first_s"] for r in runs if "first_s" in r]
+        rows.append([name, f"{statistics.median(rates):,.0f}", f"{min(rates):,.0f}-{max(rates):,.0f}",
+                     f"{statistics.median(build) * 1e3:.0f}" if build else "",
+                     f"{statistics.median(first) * 1e3:.1f}" if first else "",
+                     f"{statistics.median(r['foreign'] for r in runs):.0%}"])
+    out = md_table(["contender", "records/s (median)", "range", "start-up ms", "first batch ms", "others' CPU"],
+                   rows, [False, True, True, True, True, True])
+    ratio_rows = []
+    for a, b in pairs:
+        if a in results and b in results:
+            ratios = [x["rate"] / y["rate"] for x, y in zip(results[a], results[b])]
+            ratio_rows.append([f"{a} / {b}", f"{statistics.median(ratios):.2f}",
+                               f"{min(ratios):.2f}-{max(ratios):.2f}"])
+    return out + "\n\n" + md_table(["ratio (per round)", "median", "range"], ratio_rows, [False, True, True])
+
+
+# ----- breakdown -------------------------------------------------------------------------------
+
+def breakdown(spec: Path, root: str, epochs: int, rounds: int) -> str:
+    """Records/s pulling the graph up to each node in this thread, under three wrappers."""
+    import conveyor.graphs.compile as compile_mod
+    from conveyor.graphs.api import check_spec
+    from conveyor.graphs.instrument import BareCounted, Counted
+
+    plan = check_spec(spec, {"root": root})
+    stages = [n for n in plan.nodes if plan.nodes[n].op.name not in ("list_files", "shard", "prefetch")]
+    wrappers = {"Counted": Counted, "count only": BareCounted, "none": lambda node: node}
+    times: dict[tuple[str, str], list[float]] = {}
+    records = 0
+    for _ in range(rounds):
+        for wname, wrap in wrappers.items():
+            saved = compile_mod.Counted
+            compile_mod.Counted = wrap
+            try:
+                compiled = compile_mod.compile_plan(plan)
+            finally:
+                compile_mod.Counted = saved
+            nodes = compiled.nodes
+            for stage in stages:
+                node = nodes[stage]
+                t0 = time.thread_time()
+                for epoch in range(epochs):
+                    for n in nodes.values():
+                        inner = getattr(n, "inner", n)
+                        if callable(getattr(inner, "set_epoch", None)):
+                            inner.set_epoch(epoch)
+                    node.reset()
+                    for _ in node:
+                        pass
+                times.setdefault((wname, stage), []).append(time.thread_time() - t0)
+            for n in nodes.values():
+                close = getattr(getattr(n, "inner", n), "close", None)
+                if callable(close):
+                    close()
+        with load_graph(spec, root=root) as loader:
+            t0 = time.process_time()  # two threads: the caller's and prefetch's
+            records = 0
+            for _ in range(epochs):
+                for batch in loader:
+                    records += batch["input_ids"].shape[0]
+            times.setdefault(("Counted", "loader (+ prefetch)"), []).append(time.process_time() - t0)
+    stages.append("loader (+ prefetch)")
+    rows = []
+    prev = {w: 0.0 for w in wrappers}
+    for stage in stages:
+        row = [stage]
+        for wname in wrappers:
+            if (wname, stage) not in times:
+                row += ["", ""]
+                continue
+            us = statistics.median(times[(wname, stage)]) / records * 1e6
+            row += [f"{us:.2f}", f"{us - prev[wname]:+.2f}"]
+            prev[wname] = us
+        rows.append(row)
+    headers = ["pulled up to"] + [f"{w} {k}" for w in wrappers for k in ("us/rec", "node")]
+    return (f"CPU us per record ({records} records in {epochs} epochs; thread CPU time, process CPU "
+            f"time for the loader), median of {rounds} rounds; 'node': the increment over the row above\n\n"
+            + md_table(headers, rows, [False] + [True] * (2 * len(wrappers))))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", default=str(ROOT / "examples" / "data" / "text-sample"))
+    ap.add_argument("--spec", default=str(SPEC), help="the byte-level text spec (default specs/text.yaml)")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-hf", action="store_true", help="skip the tokenizers contenders")
+    ap.add_argument("--breakdown", action="store_true", help="per-node costs instead of the table")
+    args = ap.parse_args(argv)
+    os.chdir(ROOT)  # the spec's default root is relative to the repository
+    if args.breakdown:
+        print(breakdown(Path(args.spec), args.root, args.epochs, args.rounds))
+        return 0
+    import orjson
+
+    paths = sorted(glob.glob(os.path.join(args.root, "*.jsonl")))
+    e = args.epochs
+    contenders: dict[str, Callable[[], dict[str, float]]] = {
+        "bare json + bytes": timed(lambda: bare_bytes(paths, e, json.loads)),
+        "bare orjson + bytes": timed(lambda: bare_bytes(paths, e, orjson.loads)),
+        "graph: text.yaml": lambda: graph(Path(args.spec), e, args.root),
+    }
+    pairs = [("graph: text.yaml", "bare json + bytes"), ("graph: text.yaml", "bare orjson + bytes")]
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.no_hf:
+            from tokenizers import Tokenizer
+
+            from conveyor.text import train_tokenizer
+
+            tok_path = train_tokenizer(os.path.join(args.root, "*.jsonl"), os.path.join(tmp, "tokenizer.json"))
+            tok = Tokenizer.from_file(tok_path)
+            spec = hf_spec(tok_path, Path(tmp) / "text-hf.yaml")
+            contenders.update({
+                "bare json + hf encode": timed(lambda: bare_hf(paths, e, tok, None)),
+                "bare json + hf encode_batch": timed(lambda: bare_hf(paths, e, tok, HF_BATCH)),
+                "graph: text.yaml + hf_tokenize": lambda: graph(spec, e, args.root),
+            })
+            pairs += [("graph: text.yaml + hf_tokenize", "bare json + hf encode"),
+                      ("graph: text.yaml + hf_tokenize", "bare json + hf encode_batch")]
+        for fn in contenders.values():  # warm up: imports, page cache, tokenizer threads
+            fn()
+        results = run_rounds(contenders, args.rounds)
+    print(f"{args.epochs} epochs per run, {args.rounds} alternating rounds, {os.cpu_count()} CPUs; "
+          f"others' CPU = share of the machine other processes used meanwhile\n")
+    print(table(results, pairs))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

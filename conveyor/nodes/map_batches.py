@@ -1,0 +1,219 @@
+"""map_batches: a map whose ``fn`` takes a list of items and returns a list of results.
+
+Where an item costs microseconds (tokenizing a line of text) the per-item Python around a
+call is most of the cost, and some functions do a list at once much faster than its items one
+by one (Hugging Face ``tokenizers``' ``encode_batch`` runs in Rust, in parallel; a byte
+tokenizer fills one buffer for the lot). ``MapBatches`` reads ``size`` items, calls
+``fn(items, **args)`` once, checks that it returned one result per item, and emits the
+results one by one: downstream nodes see single items, exactly as after ``Map``.
+
+The calls run through a ``Map`` over the lists, so ``workers``, ``method`` and the error
+policy behave as in ``map``. When ``fn`` raises on a list, each item of that list is tried
+alone (as a list of one) to find the bad ones: with ``on_error="raise"`` the first bad
+item's exception is raised with a note naming the node; with ``on_error="skip"`` only the bad
+items are skipped and counted (``stats()["skipped"]``), never their neighbours. ``fn`` gets no
+``rng`` (a list has no single sample index): per-sample randomness needs ``map``.
+
+Outputs do not depend on where lists start, so the state is the inner map's state before the
+current list and how many of its results were emitted; a restore maps that list again and
+drops those results. The state is as small as ``Map``'s; a restore re-runs ``fn`` on at most
+one list.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Callable
+
+from torchdata.nodes import BaseNode
+
+from conveyor.nodes._skips import log_skip
+from conveyor.nodes.map import Map, _Failed
+
+log = logging.getLogger(__name__)
+
+
+def wants_rng(fn: Callable) -> bool:
+    """Whether ``fn`` has an ``rng`` or ``generator`` parameter (per-sample randomness, which
+    ``map`` gives and a batch map cannot); for a class, its ``__call__``'s."""
+    target = fn.__call__ if isinstance(fn, type) else fn
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+    return "rng" in params or "generator" in params
+
+
+class _Lists(BaseNode[list]):
+    """Lists of ``size`` consecutive items (the last may be shorter); the input's state."""
+
+    def __init__(self, source: BaseNode, size: int):
+        super().__init__()
+        self.source = source
+        self.size = size
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.source.reset(initial_state)
+
+    def next(self) -> list:
+        items: list = []
+        append, source = items.append, self.source
+        try:
+            for _ in range(self.size):
+                append(next(source))
+        except StopIteration:
+            if not items:
+                raise
+        return items
+
+    def get_state(self) -> dict:
+        return self.source.state_dict()
+
+    def count(self) -> int | None:
+        count = getattr(self.source, "count", None)
+        n = count() if callable(count) else None
+        return None if n is None else -(-n // self.size)
+
+
+class _WrongCount(TypeError):
+    """``fn`` broke the contract of a batch map (not one result per item): always raised."""
+
+
+class _ListCall:
+    """Calls ``fn`` on a list; on an error, item by item, marking the bad ones (picklable)."""
+
+    def __init__(self, fn: Callable, args: dict[str, Any]):
+        self.fn = fn
+        self.args = dict(args)
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+
+    def _call(self, items: list) -> list:
+        out = self.fn(items, **self.args)
+        if not isinstance(out, (list, tuple)) or len(out) != len(items):
+            got = f"{len(out)} results" if isinstance(out, (list, tuple)) else type(out).__name__
+            raise _WrongCount(f"{self.__name__} got a list of {len(items)} items and returned {got}; "
+                            "with map's batch it must return a list with one result per item")
+        return list(out)
+
+    def __call__(self, items: list) -> list:
+        try:
+            return self._call(items)
+        except _WrongCount:
+            raise
+        except Exception as exc:
+            if len(items) == 1:
+                return [_Failed(exc)]
+        out: list = []
+        for item in items:  # find the bad items; the good ones are mapped alone
+            try:
+                out.extend(self._call([item]))
+            except _WrongCount:
+                raise
+            except Exception as exc:
+                out.append(_Failed(exc))
+        return out
+
+
+class MapBatches(BaseNode):
+    """Apply ``fn`` to lists of ``size`` items, emitting one result per item, in order.
+
+    Args:
+        source: the input stream.
+        fn: ``fn(items: list, **args) -> list`` with one result per item.
+        size: items per call, > 0.
+        args: keyword arguments for ``fn``.
+        workers: 0 runs inline; N > 0 runs the calls on N threads or processes (see ``Map``).
+        method: ``"thread"`` or ``"process"``.
+        on_error: ``"raise"`` or ``"skip"`` (bad items only, counted in ``stats()``).
+        where: text for error notes, e.g. ``"node 'tokenize' (map) from specs/x.yaml:24"``.
+        **map_kw: passed to the inner ``Map`` (``mp_context``, ``snapshot_every``, ...).
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> list(MapBatches(IterableWrapper(range(5)), fn=lambda xs: [x * 10 for x in xs], size=2))
+        [0, 10, 20, 30, 40]
+    """
+
+    INNER_KEY = "inner"
+    EMITTED_KEY = "emitted"
+    SKIPPED_KEY = "skipped"
+
+    def __init__(self, source: BaseNode, *, fn: Callable, size: int, args: dict[str, Any] | None = None,
+                 workers: int = 0, method: str = "thread", on_error: str = "raise",
+                 where: str | None = None, **map_kw: Any):
+        super().__init__()
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise ValueError(f"{size=} must be a positive int")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"{on_error=} must be one of ('raise', 'skip')")
+        if wants_rng(fn):
+            raise ValueError(f"{getattr(fn, '__name__', fn)!r} takes an rng or a generator, which a batch map cannot give "
+                             "(a list has no single sample index): use map without batch")
+        self.size = size
+        self.on_error = on_error
+        self.where = where or f"map {getattr(fn, '__name__', fn)!r} (batch {size})"
+        self.inner = Map(_Lists(source, size), fn=_ListCall(fn, args or {}), workers=workers,
+                         method=method, on_error="raise", where=self.where, **map_kw)
+        self.workers, self.method = workers, method
+        self.skipped = 0
+        self._out: list = []
+        self._pos = 0
+        self._before: dict | None = None  # the inner map's state before the current list
+
+    def set_epoch(self, epoch: int) -> None:
+        self.inner.set_epoch(epoch)
+
+    def stats(self) -> dict[str, int]:
+        return {"skipped": self.skipped}
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self._out, self._pos = [], 0
+        if initial_state is None:
+            self.skipped = 0
+            self.inner.reset()
+            self._before = self.inner.state_dict()
+            return
+        self.skipped = initial_state[self.SKIPPED_KEY]
+        self.inner.reset(initial_state[self.INNER_KEY])
+        self._before = initial_state[self.INNER_KEY]
+        emitted = initial_state[self.EMITTED_KEY]
+        if emitted:  # the list being emitted when the state was taken: mapped again
+            self._out = next(self.inner)
+            self._pos = emitted
+            for i in range(emitted):
+                self._out[i] = None
+
+    def next(self) -> Any:
+        while True:
+            pos = self._pos
+            out = self._out
+            if pos >= len(out):
+                self._before = self.inner.state_dict()
+                self._out = out = next(self.inner)  # StopIteration ends the stream
+                self._pos = pos = 0
+            item = out[pos]
+            out[pos] = None  # let emitted results go
+            self._pos = pos + 1
+            if type(item) is not _Failed:
+                return item
+            self._fail(item)
+
+    def _fail(self, failed: _Failed) -> None:
+        if self.on_error == "raise":
+            exc = failed.exc if failed.exc is not None else RuntimeError(failed.text)
+            exc.add_note(f"in {self.where}")
+            raise exc
+        self.skipped += 1
+        log_skip(log, self.skipped, f"{self.where}: skipped an item ({failed.text})")
+
+    def get_state(self) -> dict:
+        if self._pos >= len(self._out):  # nothing pending: the state after the last list
+            return {self.INNER_KEY: self.inner.state_dict(), self.EMITTED_KEY: 0,
+                    self.SKIPPED_KEY: self.skipped}
+        return {self.INNER_KEY: self._before, self.EMITTED_KEY: self._pos, self.SKIPPED_KEY: self.skipped}

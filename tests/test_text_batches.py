@@ -1,0 +1,202 @@
+"""Tests for the fast text path (issue 18) and its bad inputs (issue 13, item 15): map with
+``batch`` (MapBatches), the list forms of the tokenizers, Hugging Face ``tokenizers``
+(a tokenizer trained here on the bundled sample), read_jsonl's orjson path and the records
+that used to escape as RecursionError / UnicodeEncodeError."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torchdata.nodes import IterableWrapper
+
+from conveyor import SampleError, SpecErrors, check_spec, load_graph
+from conveyor.nodes import read_jsonl as read_jsonl_mod
+from conveyor.nodes.list_files import ListFiles
+from conveyor.nodes.map_batches import MapBatches
+from conveyor.nodes.read_jsonl import ReadJsonl
+from conveyor.text import byte_tokenize, hf_tokenize, train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "specs" / "text.yaml"
+SAMPLE = ROOT / "examples" / "data" / "text-sample"
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(tmp_path_factory) -> str:
+    """A small byte-level BPE trained on one file of the bundled sample (well under a second)."""
+    out = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    return train_tokenizer([str(SAMPLE / "part-0000.jsonl")], str(out), vocab_size=400)
+
+
+def _records(n: int = 40) -> list[dict]:
+    node = ReadJsonl(ListFiles(url=str(SAMPLE / "part-0002.jsonl")))
+    node.reset()
+    return [r for _, r in zip(range(n), node)]
+
+
+# ----- map with batch -----------------------------------------------------------------------
+
+def _halve_or_fail(items: list) -> list:
+    out = []
+    for x in items:
+        if x % 5 == 3:
+            raise ValueError(f"bad item {x}")
+        out.append(x // 2)
+    return out
+
+
+def test_map_batches_skips_only_the_bad_items_and_raises_naming_the_node(caplog):
+    node = MapBatches(IterableWrapper(range(20)), fn=_halve_or_fail, size=6, on_error="skip")
+    with caplog.at_level(logging.WARNING):
+        assert list(node) == [x // 2 for x in range(20) if x % 5 != 3]
+    assert node.stats() == {"skipped": 4} and "bad item 3" in caplog.text
+    node = MapBatches(IterableWrapper(range(20)), fn=_halve_or_fail, size=6, where="node 'tok' (map)")
+    with pytest.raises(ValueError, match="bad item 3") as info:
+        list(node)
+    assert "in node 'tok' (map)" in info.value.__notes__
+
+
+def test_map_batches_needs_one_result_per_item_and_no_rng():
+    with pytest.raises(TypeError, match="returned 1 results"):
+        list(MapBatches(IterableWrapper(range(5)), fn=lambda xs: xs[:1], size=2, on_error="skip"))
+
+    def with_rng(items, rng=None):
+        return items
+
+    with pytest.raises(ValueError, match="takes an rng"):
+        MapBatches(IterableWrapper(range(5)), fn=with_rng, size=2)
+
+
+def test_map_batch_in_a_spec_and_its_errors(write_spec):
+    head = 'nodes:\n  files: {op: list_files, url: "x/*.jsonl"}\n  read: {op: read_jsonl}\n'
+    ok = write_spec(head + '  tok: {op: map, fn: "conveyor.text:byte_tokenize", batch: 64}\n')
+    assert check_spec(ok).nodes["tok"].params.batch == 64
+    bad = write_spec(head + '  tok: {op: map, fn: "conveyor.image:train_transform", batch: 0}\n'
+                     '  tok2: {op: map, input: read, fn: "conveyor.image:train_transform", batch: 8}\n')
+    with pytest.raises(SpecErrors) as info:
+        check_spec(bad)
+    by_node = {e.node: e for e in info.value.errors}
+    assert by_node["tok"].param == "batch"
+    assert by_node["tok2"].param == "batch" and "takes an rng" in by_node["tok2"].message
+
+
+# ----- the tokenizers' list form --------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [{}, {"max_length": 16}, {"max_length": 9, "add_bos": True, "add_eos": True}])
+def test_byte_tokenize_of_a_list_is_the_same_as_one_by_one(kw):
+    records = _records() + ["", "hé"]
+    batch = byte_tokenize(records, **kw)
+    assert len(batch) == len(records)
+    for rec, out in zip(records, batch):
+        one = byte_tokenize(rec, **kw)
+        assert isinstance(out["input_ids"], np.ndarray) and out["input_ids"].dtype == np.int64
+        assert out["input_ids"].tolist() == one["input_ids"].tolist()
+        assert {k: v for k, v in out.items() if k != "input_ids"} == {k: v for k, v in one.items() if k != "input_ids"}
+
+
+def test_hf_tokenize_one_by_one_and_in_lists(tokenizer_json):
+    records = _records()
+    batch = hf_tokenize(records, tokenizer=tokenizer_json, max_length=32)
+    assert len(batch) == len(records)
+    for rec, out in zip(records, batch):
+        one = hf_tokenize(rec, tokenizer=tokenizer_json, max_length=32)
+        assert one["input_ids"].dtype == torch.long and 0 < len(one["input_ids"]) <= 32
+        assert out["input_ids"].tolist() == one["input_ids"].tolist()
+        assert out["file"] == rec["file"] and out["line"] == rec["line"] and out["index"] == rec["index"]
+    # BPE merges: fewer ids than bytes
+    assert sum(len(o["input_ids"]) for o in hf_tokenize(records, tokenizer=tokenizer_json)) < \
+        sum(len(r["text"].encode()) for r in records)
+
+
+def test_text_spec_with_hf_tokenize_runs_and_resumes(tmp_path, tokenizer_json):
+    text = SPEC.read_text(encoding="utf-8").replace(
+        'fn: "conveyor.text:byte_tokenize"\n    args: {max_length: "${max_length}"}',
+        f'fn: "conveyor.text:hf_tokenize"\n    args: {{tokenizer: "{tokenizer_json}", max_length: "${{max_length}}"}}')
+    assert "hf_tokenize" in text
+    spec = tmp_path / "text-hf.yaml"
+    spec.write_text(text, encoding="utf-8")
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "part-0003.jsonl").write_bytes((SAMPLE / "part-0003.jsonl").read_bytes())
+    params = {"root": str(root), "max_length": 256, "max_tokens": 2048}
+    with load_graph(spec, **params) as loader:
+        batches = []
+        for i, batch in enumerate(loader):
+            batches.append(batch)
+            if i == 4:
+                state = loader.state_dict()
+        rest = [b["index"].tolist() for b in batches[5:]]
+    n_records = len((root / "part-0003.jsonl").read_bytes().splitlines())
+    assert sum(b["input_ids"].shape[0] for b in batches) == n_records and len(batches) > 6
+    assert all(b["input_ids"].dtype == torch.long and b["input_ids"].shape[1] <= 256 for b in batches)
+    with load_graph(spec, **params) as loader:
+        loader.load_state_dict(state)
+        assert [b["index"].tolist() for b in loader] == rest
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda tmp: str(tmp / "missing" / "tokenizer.json"), "cannot read the tokenizer file"),
+    (lambda tmp: str(tmp), "cannot read the tokenizer file"),  # a directory
+    (lambda tmp: (tmp / "junk.json").write_text("{not json") and str(tmp / "junk.json"), "is not a tokenizer.json"),
+])
+def test_a_missing_or_unreadable_tokenizer_is_a_spec_error_naming_the_path(write_spec, tmp_path, make, why):
+    path = make(tmp_path)
+    spec = write_spec('nodes:\n  files: {op: list_files, url: "x/*.jsonl"}\n  read: {op: read_jsonl}\n'
+                      f'  tok: {{op: map, fn: "conveyor.text:hf_tokenize", batch: 8, args: {{tokenizer: "{path}"}}}}\n')
+    with pytest.raises(SpecErrors) as info:
+        check_spec(spec)
+    (err,) = info.value.errors
+    assert err.node == "tok" and err.param == "args" and err.line == 4
+    assert why in err.message and repr(path) in err.message
+
+
+# ----- bad records: a clean error naming file:line, or a counted skip ---------------------------
+
+def _bad_file(tmp_path: Path, line: str) -> Path:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(f'{{"text": "ok"}}\n{line}\n{{"text": "fine"}}\n', encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
+@pytest.mark.parametrize("line, why", [
+    ("[" * 100_000 + "]" * 100_000, "not JSON"),
+    ('{"text": "' + "[" * 50 + '", "deep": ' + "[" * 100_000 + "]" * 100_000 + "}", "not JSON"),
+    ('{"text": "a\\ud800b"}', "field 'text' is not valid Unicode"),
+], ids=["deep-array", "deep-field", "lone-surrogate"])
+def test_deep_nesting_and_lone_surrogates_are_bad_lines(tmp_path, monkeypatch, fast, line, why):
+    if not fast:
+        monkeypatch.setattr(read_jsonl_mod, "_fast_loads", None)
+    path = _bad_file(tmp_path, line)
+    with pytest.raises(SampleError, match=rf"bad\.jsonl:2: {why}"):
+        list(ReadJsonl(ListFiles(url=str(path))))
+    node = ReadJsonl(ListFiles(url=str(path)), on_error="skip")
+    assert [r["text"] for r in node] == ["ok", "fine"] and node.stats()["skipped"] == 1
+
+
+def test_tokenizers_name_file_and_line_of_a_lone_surrogate(tokenizer_json):
+    rec = {"text": "a\ud800b", "file": "data/x.jsonl", "line": 7}
+    for call in (lambda r: byte_tokenize(r), lambda r: byte_tokenize([{"text": "fine"}, r]),
+                 lambda r: hf_tokenize(r, tokenizer=tokenizer_json),
+                 lambda r: hf_tokenize([{"text": "fine"}, r], tokenizer=tokenizer_json)):
+        with pytest.raises(SampleError, match=r"data/x\.jsonl:7: field 'text' is not valid Unicode"):
+            call(rec)
+
+
+def test_orjson_and_stdlib_read_the_same_records(tmp_path, monkeypatch):
+    lines = [json.dumps({"text": "caf\u00e9 \u2603", "n": 1.5, "k": [1, {"a": None}]}), '{"text": "x", "label": 3}',
+             json.dumps({"text": "\ud83d\ude00 emoji"}, ensure_ascii=True), '{"text": "nan", "v": NaN}',
+             '\ufeff{"text": "bom"}', "   ", '{"text": "end"}']
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines), encoding="utf-8")  # no newline at the end
+    fast = list(ReadJsonl(ListFiles(url=str(path)), on_error="skip"))
+    monkeypatch.setattr(read_jsonl_mod, "_fast_loads", None)
+    slow_node = ReadJsonl(ListFiles(url=str(path)), on_error="skip")
+    slow = list(slow_node)
+    assert repr(fast) == repr(slow)  # NaN too
+    assert [r["line"] for r in fast] == [1, 2, 3, 4, 7] and slow_node.stats()["skipped"] == 2
