@@ -110,7 +110,35 @@ def test_list_files_shuffle_is_a_permutation_per_epoch_and_a_position_state(tree
     node = make(1)
     node.reset()
     take(node, 2)
-    assert node.state_dict() == {"pos": 2}
+    state = node.state_dict()
+    assert state["pos"] == 2 and state["count"] == 5 and len(state["digest"]) == 16
+
+
+def test_list_files_refuses_a_state_that_no_longer_fits_the_listing(tree: Path):
+    """Issue 13.9: a file inserted since the state, a renamed file, a position past the end."""
+    url = f"{tree}/*/*.txt"
+    node = ListFiles(url=url)
+    node.reset()
+    take(node, 2)
+    state = node.state_dict()
+    (tree / "birds" / "a.txt").write_text("new")  # sorts first: position 2 would repeat a file
+    with pytest.raises(StateError, match=r"taken over 4 files, the listing now has 5 \(added: 1\)"):
+        ListFiles(url=url).reset(state)
+    (tree / "birds" / "a.txt").rename(tree / "birds" / "y.txt")
+    (tree / "birds" / "x.txt").unlink()  # 4 files again, not the same ones
+    with pytest.raises(StateError, match="same count, 4, but other paths"):
+        ListFiles(url=url).reset(state)
+    with pytest.raises(StateError, match="at file 13, the listing has 4"):
+        ListFiles(url=url).reset({"pos": 13})
+    # the same files under another root: the state moves with the data
+    import shutil
+    node = ListFiles(url=url)
+    node.reset()
+    take(node, 3)
+    state = node.state_dict()
+    shutil.copytree(tree, tree.parent / "copy")
+    assert run(ListFiles(url=f"{tree.parent}/copy/*/*.txt"), state) == [
+        {"path": f"{tree.parent}/copy/dogs/b.txt", "label": -1, "index": 3}]
 
 
 def test_list_files_refuses_an_unknown_label():
@@ -190,6 +218,39 @@ def test_shuffle_buffer_restore_mid_window_equals_uninterrupted():
     state = node.state_dict()
     assert state["window"] == 1 and state["pos"] == 5
     assert state["source"] == {"_num_yielded": 8}  # where window 1 starts, not the items
+
+
+def test_shuffle_buffer_refuses_a_state_of_another_size():
+    """Issue 13.9: other windows would repeat some items and lose others."""
+    node = make_shuffle(size=8)
+    node.reset()
+    take(node, 13)
+    with pytest.raises(StateError, match="taken with size=8, this node has size=5"):
+        make_shuffle(size=5).reset(node.state_dict())
+
+
+def test_shuffle_buffer_emits_while_the_next_window_fills():
+    """One upstream read per item emitted: after the first window, never a whole-window fill."""
+    reads = []
+
+    class Counting(IterableWrapper):
+        def next(self):
+            item = super().next()
+            reads.append(item)
+            return item
+
+    node = ShuffleBuffer(Counting(range(50)), size=10, seed=1)
+    node.reset()
+    lead = []
+    for k in range(50):
+        next(node)
+        lead.append(len(reads) - (k + 1))
+    # the first window is read before its first item comes out; from then on one read per
+    # item emitted keeps exactly one window ahead (no whole-window fill), until the input ends
+    assert lead == [10] * 40 + list(range(9, -1, -1))
+    with pytest.raises(StopIteration):
+        next(node)
+    assert len(reads) == 50
 
 
 def test_shuffle_buffer_refuses_size_zero():

@@ -6,17 +6,22 @@ listing (a stable sample id), ``label`` the class index when ``label="parent_dir
 (class folders mapped to 0..K-1 in sorted order, as torchvision's ImageFolder does).
 With ``shuffle=True`` the whole listing is permuted every epoch from (seed, epoch): a
 global shuffle for free, since the state is only a position.
+
+The state is that position, with the listing's file count and a digest of its paths: a
+state restored into a listing that changed since (a file added, removed or renamed) would
+repeat or skip files, so it is refused with a ``StateError`` saying what changed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from conveyor.errors import SourceError
+from conveyor.errors import SourceError, StateError
 from conveyor.nodes._rng import derive_seed
 from conveyor.storage import Storage, protocol_of
 
@@ -40,6 +45,16 @@ def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[s
         storage.close()
 
 
+def _digest(paths: list[str]) -> str:
+    """A short digest of the listing, over the paths below their common folder (so that the
+    same files under another root, e.g. copied to ``s3://``, give the same digest)."""
+    first, last = min(paths), max(paths)
+    n = next((i for i, (a, b) in enumerate(zip(first, last)) if a != b), len(first))
+    common = first[:first.rfind("/", 0, n) + 1]
+    names = "\n".join(p[len(common):] for p in paths)
+    return hashlib.sha256(names.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
 class ListFiles(BaseNode[dict]):
     """Yield one record per file matched by ``url``, sorted by path.
 
@@ -58,6 +73,8 @@ class ListFiles(BaseNode[dict]):
     """
 
     POS_KEY = "pos"
+    COUNT_KEY = "count"
+    DIGEST_KEY = "digest"
 
     def __init__(self, *, url: str, label: str | None = None, shuffle: bool = False, seed: int = 0,
                  storage_options: dict[str, Any] | None = None):
@@ -73,6 +90,7 @@ class ListFiles(BaseNode[dict]):
         self._records: list[dict] | None = None
         self._order: list[int] = []
         self._pos = 0
+        self._digest = ""
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -93,6 +111,7 @@ class ListFiles(BaseNode[dict]):
                 for i, p in enumerate(paths)
             ]
             self.classes = sorted(classes, key=classes.__getitem__)
+            self._digest = _digest(paths)
             log.debug("list_files: %d files, %d classes", len(paths), len(classes))
         return self._records
 
@@ -106,7 +125,25 @@ class ListFiles(BaseNode[dict]):
         self._order = list(range(n))
         if self.shuffle:
             random.Random(derive_seed(self.seed, self.epoch)).shuffle(self._order)
-        self._pos = initial_state[self.POS_KEY] if initial_state is not None else 0
+        self._pos = 0
+        if initial_state is not None:
+            self._check(initial_state, n)
+            self._pos = initial_state[self.POS_KEY]
+
+    def _check(self, state: dict, n: int) -> None:
+        """Refuse a state whose position does not fit this listing any more."""
+        count, digest, pos = state.get(self.COUNT_KEY), state.get(self.DIGEST_KEY), state[self.POS_KEY]
+        if count is not None and count != n:
+            raise StateError(f"list_files {self.url!r}: the state was taken over {count} files, the "
+                             f"listing now has {n} ({'added' if n > count else 'removed'}: "
+                             f"{abs(n - count)}); resuming at file {pos} would repeat or skip files")
+        if digest is not None and digest != self._digest:
+            raise StateError(f"list_files {self.url!r}: the listing changed since the state was taken "
+                             f"(same count, {n}, but other paths: a file was renamed or replaced); "
+                             f"resuming at file {pos} would repeat or skip files")
+        if not isinstance(pos, int) or not 0 <= pos <= n:
+            raise StateError(f"list_files {self.url!r}: the state is at file {pos!r}, "
+                             f"the listing has {n} files")
 
     def next(self) -> dict:
         if self._pos >= len(self._order):
@@ -116,4 +153,5 @@ class ListFiles(BaseNode[dict]):
         return dict(record)
 
     def get_state(self) -> dict:
-        return {self.POS_KEY: self._pos}
+        return {self.POS_KEY: self._pos, self.COUNT_KEY: len(self._order),
+                self.DIGEST_KEY: self._digest}

@@ -1,10 +1,20 @@
-"""shuffle_buffer: shuffle through a window of ``size`` items, with a state of three numbers.
+"""shuffle_buffer: shuffle through windows of ``size`` items, never stalling between windows.
 
-The stream is cut into consecutive windows of ``size`` items; each window is read whole,
-permuted with a generator seeded from (seed, epoch, rank, window number), and emitted. The
-state is the upstream state at the start of the current window, the window number and the
-position inside it: never the items. Restoring replays at most ``size`` upstream items
-(small records, before decode) and skips what was already emitted — Grain's window shuffle.
+The stream is cut into consecutive windows of ``size`` items; each window is permuted with a
+generator seeded from (seed, epoch, rank, window number) and emitted. The next window is read
+while the current one drains: every item emitted is preceded by one upstream read into the
+next window, so once the first window of an epoch is full, nothing downstream ever waits for a
+fill (a window that fills before it emits cut a 2-thread map to 0.53 x its rate; this keeps
+it level with no shuffle, see ``benchmarks/RESULTS.md``). Only the first window of an epoch is
+read before its first item comes out. Memory: up to two windows of items.
+
+The state is the upstream state at the start of the current window, the window number, the
+position inside it and the window size: never the items (a few hundred bytes plus the
+upstream's state). Restoring re-reads the current window and the part of the next one that
+had been read, at most two windows (small records, before decode), and skips what was
+already emitted — Grain's window shuffle, with the refill overlapped. A state from another
+``size`` is refused with a ``StateError`` (its windows are other windows: resuming it would
+repeat some items and lose others).
 
 Against a reservoir buffer of the same size, a window never lets an item wander into a later
 window; combine it with ``list_files(shuffle=True)`` (a full permutation of the listing each
@@ -17,6 +27,7 @@ import random
 
 from torchdata.nodes import BaseNode
 
+from conveyor.errors import StateError
 from conveyor.nodes._rng import derive_seed
 
 
@@ -24,7 +35,7 @@ class ShuffleBuffer(BaseNode):
     """Emit the stream shuffled within consecutive windows of ``size`` items.
 
     Args:
-        source: the stream (best small records: a restore re-reads up to ``size`` of them).
+        source: the stream (best small records: a restore re-reads up to two windows of them).
         size: items per window, > 0.
         seed: base seed; the permutation also depends on the epoch and ``rank``.
         rank: mixed into the seed so that ranks shuffle differently.
@@ -38,10 +49,11 @@ class ShuffleBuffer(BaseNode):
     SOURCE_KEY = "source"
     WINDOW_KEY = "window"
     POS_KEY = "pos"
+    SIZE_KEY = "size"
 
     def __init__(self, source: BaseNode, *, size: int, seed: int = 0, rank: int = 0):
         super().__init__()
-        if not isinstance(size, int) or size <= 0:
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise ValueError(f"{size=} must be a positive int")
         self.source = source
         self.size = size
@@ -50,48 +62,87 @@ class ShuffleBuffer(BaseNode):
         self.epoch = 0
         self._window = 0
         self._pos = 0
-        self._buf: list = []
-        self._start_state: dict | None = None
+        self._buf: list | None = None  # the window being emitted (None: not read yet)
+        self._ahead: list = []  # the next window, being read
+        self._start_state: dict | None = None  # upstream state where the window starts
+        self._ahead_state: dict | None = None  # ... and where the next one starts
         self._exhausted = False
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _fill(self) -> None:
-        self._start_state = self.source.state_dict()
-        buf = []
-        for _ in range(self.size):
-            try:
-                buf.append(next(self.source))
-            except StopIteration:
-                self._exhausted = True
-                break
+    def _read_one(self, into: list) -> bool:
+        """Read one upstream item into ``into``; False once the upstream is done."""
+        if self._exhausted:
+            return False
+        try:
+            into.append(next(self.source))
+        except StopIteration:
+            self._exhausted = True
+            return False
+        return True
+
+    def _permute(self, buf: list) -> list:
         random.Random(derive_seed(self.seed, self.epoch, self.rank, self._window)).shuffle(buf)
-        self._buf = buf
+        return buf
+
+    def _load(self, ahead: int) -> None:
+        """Read the current window (upstream at its start), then ``ahead`` items of the next."""
+        buf: list = []
+        while len(buf) < self.size and self._read_one(buf):
+            pass
+        self._buf = self._permute(buf)
+        self._ahead = []
+        self._ahead_state = self.source.state_dict() if not self._exhausted else None
+        for _ in range(ahead):
+            if not self._read_one(self._ahead):
+                break
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self._exhausted = False
-        if initial_state is not None:
-            self.source.reset(initial_state[self.SOURCE_KEY])
-            self._window = initial_state[self.WINDOW_KEY]
-            self._fill()
-            self._pos = min(initial_state[self.POS_KEY], len(self._buf))
-        else:
+        self._buf = None
+        self._ahead = []
+        self._ahead_state = None
+        if initial_state is None:
             self.source.reset()
-            self._window = 0
-            self._fill()
-            self._pos = 0
+            self._window, self._pos = 0, 0
+            self._start_state = self.source.state_dict()
+            return
+        size = initial_state.get(self.SIZE_KEY, self.size)
+        if size != self.size:
+            raise StateError(f"shuffle_buffer: the state was taken with size={size}, this node has "
+                             f"size={self.size}; its windows are other windows, so resuming would "
+                             "repeat some items and lose others (start the epoch afresh, or keep the size)")
+        self.source.reset(initial_state[self.SOURCE_KEY])
+        self._start_state = initial_state[self.SOURCE_KEY]
+        self._window = initial_state[self.WINDOW_KEY]
+        pos = initial_state[self.POS_KEY]
+        if pos:  # resume mid-window: as the uninterrupted run, with `pos` items read ahead
+            self._load(ahead=pos)
+            if pos > len(self._buf):
+                raise StateError(f"shuffle_buffer: the state is at item {pos} of window "
+                                 f"{self._window}, which now holds {len(self._buf)} items: "
+                                 "the input changed since the state was taken")
+        self._pos = pos
 
     def next(self):
+        if self._buf is None:  # the first window of the epoch: the one fill anyone waits for
+            self._load(ahead=0)
         if self._pos >= len(self._buf):
-            if self._exhausted:
+            while len(self._ahead) < self.size and self._read_one(self._ahead):
+                pass  # only when the window was short or restored mid-way
+            if not self._ahead:
+                self._exhausted = True
                 raise StopIteration
             self._window += 1
-            self._fill()
+            self._start_state = self._ahead_state
+            self._buf = self._permute(self._ahead)
+            self._ahead = []
+            self._ahead_state = self.source.state_dict() if not self._exhausted else None
             self._pos = 0
-            if not self._buf:
-                raise StopIteration
+        if len(self._ahead) < self.size:
+            self._read_one(self._ahead)  # the next window fills as this one drains
         item = self._buf[self._pos]
         self._buf[self._pos] = None  # let emitted items go
         self._pos += 1
@@ -99,4 +150,4 @@ class ShuffleBuffer(BaseNode):
 
     def get_state(self) -> dict:
         return {self.SOURCE_KEY: self._start_state, self.WINDOW_KEY: self._window,
-                self.POS_KEY: self._pos}
+                self.POS_KEY: self._pos, self.SIZE_KEY: self.size}
