@@ -132,13 +132,13 @@ def test_read_tar_reads_long_names_pax_headers_and_skips_directories(tmp_path: P
     _tar(tmp_path / "gnu.tar", [(long_key + ".jpg", b"J1"), (long_key + ".cls", b" 7\n"),
                                 ("d/short.txt", b"t"), ("README", b"no field: not a sample")],
          dirs=("d/",))
-    _tar(tmp_path / "pax.tar", [("é/" + "y" * 120 + ".png", b"P"), ("é/" + "y" * 120 + ".cls", b"x")],
+    _tar(tmp_path / "pax.tar", [("é/" + "y" * 120 + ".png", b"P"), ("é/" + "y" * 120 + ".cls", b"3")],
          fmt=tarfile.PAX_FORMAT)
     out = list(ReadTar(IterableWrapper([str(tmp_path / "gnu.tar"), str(tmp_path / "pax.tar")])))
     assert [(s["__key__"], sorted(k for k in s if not k.startswith("__"))) for s in out] == [
         (long_key, ["cls", "index", "jpg"]), ("d/short", ["index", "txt"]),
         ("é/" + "y" * 120, ["cls", "index", "png"])]
-    assert out[0]["cls"] == 7 and out[2]["cls"] == b"x"  # not a number: left as bytes
+    assert out[0]["cls"] == 7
     assert [s["index"] for s in out] == [0, 1, 1_000_000]  # records without an index: shard count
 
 
@@ -179,3 +179,120 @@ def test_parse_size() -> None:
     assert parse_size(4096) == 4096
     with pytest.raises(ValueError, match="expected a size"):
         parse_size("lots")
+
+
+# ----- malformed and short shards (issue 13.2, 13.6, 13.15, 13.16) ---------------------------
+
+def _read(path: Path, **kw) -> tuple[list[dict], ReadTar]:
+    node = ReadTar(IterableWrapper([str(path)]), **kw)
+    try:
+        return list(node), node
+    finally:
+        node.close()
+
+
+@pytest.mark.timeout(20)  # the pax length 0 looped forever
+@pytest.mark.parametrize("record", [b"0 mtime=1\n", b"zz mtime=1\n", b"99 path=x.jpg\n", b"5 mtime=1"])
+def test_malformed_pax_header_is_an_error_naming_shard_and_offset(tmp_path: Path, record: bytes) -> None:
+    path = tmp_path / "pax.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tf:
+        for name, data in [("a.jpg", b"A"), ("a.cls", b"1")]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        pax = tarfile.TarInfo("././@PaxHeader")
+        pax.type, pax.size = tarfile.XHDTYPE, len(record)
+        tf.addfile(pax, io.BytesIO(record))
+        info = tarfile.TarInfo("b.jpg")
+        info.size = 1
+        tf.addfile(info, io.BytesIO(b"B"))
+    with pytest.raises(SampleError, match=rf"pax\.tar: malformed pax extended header at byte 2048 "):
+        _read(path)
+    out, node = _read(path, on_error="skip")
+    assert [s["__key__"] for s in out] == ["a"] and node.stats()["skipped_shards"] == 1
+
+
+def _members(path: Path) -> list[tarfile.TarInfo]:
+    with tarfile.open(path) as tf:
+        return tf.getmembers()
+
+
+def test_shard_cut_between_samples_or_empty_is_an_error_or_a_counted_skip(shards: Path, tmp_path: Path) -> None:
+    """`head -c` at a header boundary between samples read as a shorter shard with no error."""
+    whole = (shards / "shard-000002.tar").read_bytes()
+    members = _members(shards / "shard-000002.tar")
+    cut = members[10].offset  # the 6th sample's .jpg header: 5 whole samples before it
+    assert cut % 512 == 0 and members[10].name.endswith(".jpg")
+    (tmp_path / "cut.tar").write_bytes(whole[:cut])
+    with pytest.raises(SampleError, match=rf"cut\.tar: ends at byte {cut} without the end-of-archive "
+                                          r"marker \(two zero blocks\): the shard is truncated"):
+        _read(tmp_path / "cut.tar")
+    out, node = _read(tmp_path / "cut.tar", on_error="skip")
+    assert len(out) == 5 and node.stats()["skipped_shards"] == 1  # all before the cut
+    (tmp_path / "empty.tar").write_bytes(b"")
+    with pytest.raises(SampleError, match=r"empty\.tar: ends at byte 0 .* the shard is empty"):
+        _read(tmp_path / "empty.tar")
+    _, node = _read(tmp_path / "empty.tar", on_error="skip")
+    assert node.stats()["skipped_shards"] == 1
+    # cut between a sample's .jpg and its .cls: the shard is named, not a collate TypeError later
+    cls_at = members[11].offset
+    (tmp_path / "jpg-only.tar").write_bytes(whole[:cls_at])
+    with pytest.raises(SampleError, match=rf"jpg-only\.tar: ends at byte {cls_at} without"):
+        _read(tmp_path / "jpg-only.tar")
+    (tmp_path / "one-zero-block.tar").write_bytes(whole[:cut] + bytes(512))
+    with pytest.raises(SampleError, match=rf"a lone zero block at byte {cut}"):
+        _read(tmp_path / "one-zero-block.tar")
+
+
+def test_sample_counts_from_the_pack_index_are_checked(shards: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "train"
+    copy.mkdir()
+    for p in shards.iterdir():
+        (copy / p.name).write_bytes(p.read_bytes())
+    index = json.loads((copy / "index.json").read_text())
+    n = index["shards"][1]["samples"]
+    index["shards"][1]["samples"] = n + 1  # as if the shard had been replaced by a shorter one
+    (copy / "index.json").write_text(json.dumps(index))
+    with pytest.raises(SampleError, match=rf"shard-000001\.tar: {n} samples read, but index.json lists {n + 1}"):
+        list(ReadTar(ListFiles(url=f"{copy}/*.tar")))
+    node = ReadTar(ListFiles(url=f"{copy}/*.tar"), on_error="skip")
+    assert len(list(node)) == 200 and node.stats()["skipped_shards"] == 1  # its samples were all read
+    node.close()
+
+
+def test_sample_missing_a_field_or_with_a_bad_cls_names_shard_and_key(tmp_path: Path) -> None:
+    _tar(tmp_path / "s.tar", [("a.jpg", b"A"), ("a.cls", b"1"), ("b.jpg", b"B"), ("c.jpg", b"C"),
+                              ("c.cls", b"abc"), ("d.png", b"D"), ("d.cls", b"4")])
+    fields = ["jpg;png", "cls"]
+    with pytest.raises(SampleError, match=r"s\.tar: sample 'b' at byte 2048: no \.cls member \(it has \.jpg\)"):
+        _read(tmp_path / "s.tar", fields=fields)
+    out, node = _read(tmp_path / "s.tar", fields=fields, on_error="skip")
+    assert [(s["__key__"], s["cls"], s["index"]) for s in out] == [("a", 1, 0), ("d", 4, 3)]
+    assert node.stats()["skipped_samples"] == 2 and node.stats()["skipped_shards"] == 0
+    with pytest.raises(SampleError, match=r"s\.tar: sample 'c' at byte 3072: cls b'abc' is not a class number"):
+        _read(tmp_path / "s.tar")  # no fields required: b passes, c's cls does not
+
+
+def test_spec_counts_a_sample_without_cls_and_decode_errors_name_shard_and_key(tmp_path: Path) -> None:
+    from conveyor.image import train_transform
+
+    src = sorted(SAMPLE.glob("*/*.JPEG"))[:6]
+    members = []
+    for i, f in enumerate(src):
+        members.append((f"k{i}.jpg", f.read_bytes() if i != 4 else b"not a jpeg"))
+        if i != 2:
+            members.append((f"k{i}.cls", b"0"))
+    (tmp_path / "shards").mkdir()
+    _tar(tmp_path / "shards" / "shard-000000.tar", members)
+    kw = dict(root=str(tmp_path / "shards"), batch_size=2, image_size=16, shuffle_window=3)
+    with load_graph(SPEC, on_error="skip", **kw) as loader:
+        assert sum(len(b["label"]) for b in loader) == 4
+        stats = loader.stats()["nodes"]
+    assert stats["samples"]["skipped_samples"] == 1 and stats["decode"]["skipped"] == 1
+    with load_graph(SPEC, **kw) as loader:
+        with pytest.raises(SampleError, match=r"shard-000000\.tar: sample 'k2' at byte \d+: no \.cls member"):
+            list(loader)
+    import random
+    bad = {"__key__": "k4", "__url__": "s3://b/shard-000007.tar", "jpg": b"not a jpeg", "cls": 0, "index": 7}
+    with pytest.raises(SampleError, match=r"image 'k4' in shard 's3://b/shard-000007\.tar'"):
+        train_transform(bad, rng=random.Random(0), size=16)

@@ -48,7 +48,10 @@ class ReadTarParams(_RemoteParams):
     block_size: int | str = param("8MB", doc="bytes per request on remote shards")
     read_ahead: int = param(4, min=0, doc="blocks requested ahead of the one being read")
     index_stride: int = param(1_000_000, min=1, doc="index = shard index * stride + position")
-    on_error: OnError = param(OnError.raise_, doc="skip: count and drop the rest of a bad shard")
+    on_error: OnError = param(OnError.raise_, doc="skip: count and drop the rest of a bad shard, "
+                                                   "or a sample missing a field")
+    fields: list[str] | None = param(None, doc="fields every sample must have, e.g. "
+                                               "[\"jpg;png\", cls] (; = either)")
 
 
 def _policy(p: _RemoteParams) -> RetryPolicy:
@@ -87,7 +90,7 @@ def _build_read_tar(p: ReadTarParams, inputs: list[BaseNode], ctx: BuildContext)
     return ReadTar(inputs[0], field=p.field, policy=_policy(p), storage_options=p.storage_options,
                    block_size=parse_size(p.block_size), read_ahead=p.read_ahead,
                    index_stride=p.index_stride, on_error=p.on_error.value, cache=p.cache,
-                   cache_size=p.cache_size, where=ctx.where)
+                   cache_size=p.cache_size, where=ctx.where, fields=p.fields)
 
 
 FETCH = OpSpec("fetch", FetchParams, _build_fetch, "one",

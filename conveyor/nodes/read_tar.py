@@ -11,7 +11,8 @@ never downloaded whole first; each block request follows the retry policy of
 Each sample also gets ``__url__`` (its shard) and ``index``, a stable sample id:
 ``shard_index * index_stride + position in the shard``, where ``shard_index`` is the shard
 record's ``index`` (its place in the sorted listing), so the id does not depend on the order
-shards are read in, on the rank or on the reader. ``cls`` is turned into an int when it is one.
+shards are read in, on the rank or on the reader. ``cls`` is turned into an int (WebDataset's
+class number; anything else is an error).
 
 The state is the input's state before the current shard, the byte offset of the next sample's
 first header in it, and the samples already read from it: a restore reopens that shard and
@@ -20,132 +21,35 @@ shard is opened ahead (its size and first blocks requested), so shard boundaries
 round trips; the state still names the shard being read. Memory: up to ``read_ahead + 1``
 blocks per open shard (8 MB blocks, 4 ahead: 40 MB, and as much for the next shard).
 
-A corrupt shard is a ``SampleError`` naming it and the offset (raised, or with
-``on_error="skip"`` the rest of the shard is skipped and counted).
+Nothing is lost silently. A corrupt shard is a ``SampleError`` naming it and the offset: a
+header that does not parse (pax records included), a member cut short, a shard that ends
+without the end-of-archive marker (cut between samples, or zero bytes), and a shard whose
+sample count differs from the one ``conveyor pack`` wrote in ``index.json`` beside it (read
+once per folder when there is one). With ``on_error="skip"`` the rest of such a shard is
+skipped and counted (``skipped_shards``). A sample without one of the required ``fields``
+(a ``.cls`` missing, a shard cut between a sample's ``.jpg`` and ``.cls``) or with a ``cls``
+that is not a number is a ``SampleError`` naming the shard, the key and the offset, or with
+``on_error="skip"`` that sample is dropped and counted (``skipped_samples``); its ``index``
+stays used, so the others keep theirs.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import re
-import tarfile
 from typing import Any
 
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import ConveyorError, SampleError
+from conveyor.nodes._tar import BLOCK, Shard, sample_problem
 from conveyor.storage import RetryPolicy, Storage, redact
+from conveyor.storage_errors import NOT_FOUND, classify
 
 log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
-_BLOCK = 512
-_KEY_EXT = re.compile(r"^((?:.*/)?[^./][^.]*)\.([^/]*)$")
-
-
-def _pax_path(data: bytes) -> str | None:
-    """The ``path`` record of a pax extended header, if any."""
-    pos = 0
-    while pos < len(data):
-        space = data.find(b" ", pos)
-        if space < 0:
-            break
-        length = int(data[pos:space])
-        record = data[space + 1:pos + length - 1]
-        key, _, value = record.partition(b"=")
-        if key == b"path":
-            return value.decode("utf-8", "surrogateescape")
-        pos += length
-    return None
-
-
-class _Member:
-    __slots__ = ("offset", "name", "size")
-
-    def __init__(self, offset: int, name: str, size: int):
-        self.offset, self.name, self.size = offset, name, size
-
-
-class _Shard:
-    """One open shard: members grouped into samples, one header read ahead."""
-
-    def __init__(self, reader: Any, url: str, offset: int):
-        self.reader = reader
-        self.url = url
-        self.offset = offset  # where the next sample's first header starts
-        self._peek: _Member | None = None
-        self.done = False
-
-    def _member(self) -> _Member | None:
-        r = self.reader
-        start = r.tell()
-        long_name = None
-        while True:
-            off = r.tell()
-            buf = r.read(_BLOCK)
-            if not buf or buf == bytes(_BLOCK):
-                return None  # end of archive (or a shard without the end marker)
-            if len(buf) < _BLOCK:
-                raise SampleError(f"{self.url}: truncated tar header at byte {off}")
-            try:
-                info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
-            except tarfile.HeaderError as exc:
-                raise SampleError(f"{self.url}: not a tar archive, or corrupt at byte {off} "
-                                  f"({exc})") from exc
-            padded = -(-info.size // _BLOCK) * _BLOCK
-            if info.type in (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE):
-                data = r.read(padded)[:info.size]
-                long_name = (data.rstrip(b"\0").decode("utf-8", "surrogateescape")
-                             if info.type == tarfile.GNUTYPE_LONGNAME else _pax_path(data) or long_name)
-                continue
-            if not info.isreg():  # directories, links, global headers: not samples
-                r.seek(r.tell() + padded)
-                long_name = None
-                start = r.tell()
-                continue
-            return _Member(start, long_name or info.name, info.size)
-
-    def _data(self, m: _Member) -> bytes:
-        data = self.reader.read(m.size)
-        if len(data) < m.size:
-            raise SampleError(f"{self.url}: truncated member {m.name!r} ({len(data)} of {m.size} bytes)")
-        self.reader.seek(self.reader.tell() + (-m.size % _BLOCK))
-        return data
-
-    def sample(self) -> dict[str, Any] | None:
-        """The next sample, or None at the end of the shard."""
-        if self.done:
-            return None
-        if self._peek is None:
-            self._peek = self._member()
-        sample: dict[str, Any] = {}
-        key = None
-        while self._peek is not None:
-            m = self._peek
-            match = _KEY_EXT.match(m.name)
-            if match is None:  # no field (or a hidden file): not part of any sample
-                self.reader.seek(self.reader.tell() + -(-m.size // _BLOCK) * _BLOCK)
-                self._peek = self._member()
-                continue
-            k, ext = match.group(1), match.group(2).lower()
-            if key is None:
-                key = k
-            elif k != key:
-                break
-            if ext in sample:
-                raise SampleError(f"{self.url}: sample {key!r} has two {ext!r} members")
-            sample[ext] = self._data(m)
-            self._peek = self._member()
-        if key is None:
-            self.done = True
-            return None
-        self.offset = self._peek.offset if self._peek is not None else self.reader.tell()
-        self.done = self._peek is None
-        sample["__key__"] = key
-        return sample
-
-    def close(self) -> None:
-        self.reader.close()
+INDEX_NAME = "index.json"  # written by ``conveyor pack`` beside the shards
 
 
 class _Next:
@@ -173,7 +77,9 @@ class ReadTar(BaseNode[dict]):
         block_size: bytes per request when reading a remote shard.
         read_ahead: blocks requested ahead of the one being read.
         index_stride: samples per shard the ``index`` leaves room for.
-        on_error: ``"raise"`` or ``"skip"`` (the rest of an unreadable shard, counted).
+        on_error: ``"raise"`` or ``"skip"`` (the rest of an unreadable shard, or a sample that
+            lacks a field, counted).
+        fields: fields every sample must have; ``"jpg;png"`` accepts either. None: no check.
         cache: a local folder to keep remote blocks in, or None.
         cache_size: the cache's bound.
         where: text for error notes.
@@ -193,12 +99,13 @@ class ReadTar(BaseNode[dict]):
     def __init__(self, source: BaseNode, *, field: str = "path", policy: RetryPolicy | None = None,
                  storage_options: dict[str, Any] | None = None, block_size: int = 8 << 20,
                  read_ahead: int = 4, index_stride: int = 1_000_000, on_error: str = "raise",
-                 cache: str | None = None, cache_size: int | str = "10GB", where: str | None = None):
+                 cache: str | None = None, cache_size: int | str = "10GB", where: str | None = None,
+                 fields: list[str] | None = None):
         super().__init__()
         if on_error not in ON_ERROR:
             raise ValueError(f"{on_error=} must be one of {ON_ERROR}")
-        if not isinstance(block_size, int) or block_size < _BLOCK:
-            raise ValueError(f"{block_size=} must be an int >= {_BLOCK}")
+        if not isinstance(block_size, int) or block_size < BLOCK:
+            raise ValueError(f"{block_size=} must be an int >= {BLOCK}")
         if not isinstance(index_stride, int) or index_stride < 1:
             raise ValueError(f"{index_stride=} must be an int >= 1")
         self.source = source
@@ -210,8 +117,11 @@ class ReadTar(BaseNode[dict]):
         self.where = where or "read_tar"
         self.storage = Storage(storage_options=storage_options, policy=policy, cache=cache,
                                cache_size=cache_size, threads=max(2, read_ahead + 1))
+        self.fields = [tuple(f.lower().split(";")) for f in fields or ()]
         self.skipped_shards = 0
-        self._shard: _Shard | None = None
+        self.skipped_samples = 0
+        self._counts: dict[str, dict[str, int] | None] = {}  # folder -> index.json's counts
+        self._shard: Shard | None = None
         self._next: _Next | None = None
         self._source_done = False
         self._shard_index = 0
@@ -223,7 +133,28 @@ class ReadTar(BaseNode[dict]):
         return f"ReadTar(field={self.field!r}, block_size={self.block_size})"
 
     def stats(self) -> dict[str, int]:
-        return {**self.storage.stats.as_dict(), "skipped_shards": self.skipped_shards}
+        return {**self.storage.stats.as_dict(), "skipped_shards": self.skipped_shards,
+                "skipped_samples": self.skipped_samples}
+
+    def _expected(self, url: str) -> int | None:
+        """The shard's sample count from ``index.json`` beside it, when there is one."""
+        folder, _, name = url.rpartition("/")
+        if folder not in self._counts:
+            counts = None
+            try:
+                raw = self.storage.call(f"{folder}/{INDEX_NAME}", "cat_file")
+                index = json.loads(raw)
+                counts = {s["name"]: int(s["samples"]) for s in index.get("shards", [])}
+            except SampleError as exc:
+                if classify(exc.__cause__ or exc) != NOT_FOUND:
+                    raise
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                log.warning("%s: %s/%s is not a conveyor shard index (%s); shard sample counts "
+                            "are not checked", self.where, redact(folder, self.storage.options),
+                            INDEX_NAME, exc)
+            self._counts[folder] = counts
+        counts = self._counts[folder]
+        return counts.get(name) if counts else None
 
     def _close_shard(self) -> None:
         if self._shard is not None:
@@ -248,6 +179,7 @@ class ReadTar(BaseNode[dict]):
         self._drop_next()
         self._source_done = False
         self.skipped_shards = 0
+        self.skipped_samples = 0
         self.storage.stats.clear()
         if initial_state is None:
             self._shards_seen = 0
@@ -296,7 +228,7 @@ class ReadTar(BaseNode[dict]):
         except SampleError as exc:
             self._failed(exc)
             return
-        self._shard = _Shard(reader, nxt.url, offset)
+        self._shard = Shard(reader, nxt.url, offset)
 
     def _failed(self, exc: SampleError) -> None:
         self._close_shard()
@@ -319,7 +251,7 @@ class ReadTar(BaseNode[dict]):
             if self._shard is None:
                 self._open_next()  # StopIteration when the input is done
                 continue
-            shard = self._shard
+            shard, at = self._shard, self._shard.offset
             try:
                 sample = shard.sample()
             except SampleError as exc:
@@ -327,6 +259,7 @@ class ReadTar(BaseNode[dict]):
                 continue
             if shard.done:  # closed now: a state taken here points past this shard
                 self._close_shard()
+                self._check_count(shard.url, self._pos + (sample is not None))
             elif (self._next is None and not self._source_done
                   and getattr(shard.reader, "all_requested", False)):
                 self._pull(prefetch=True)  # open the next remote shard while this one ends
@@ -335,16 +268,27 @@ class ReadTar(BaseNode[dict]):
             if self._pos >= self.index_stride:
                 raise SampleError(f"{shard.url}: more than index_stride={self.index_stride} "
                                   "samples in one shard; raise index_stride")
-            cls = sample.get("cls")
-            if isinstance(cls, bytes):
-                try:
-                    sample["cls"] = int(cls.decode("ascii").strip())
-                except ValueError:  # not a number: left as the bytes it is
-                    pass
             sample["__url__"] = shard.url
             sample["index"] = self._shard_index * self.index_stride + self._pos
             self._pos += 1
-            return sample
+            problem = sample_problem(sample, self.fields)
+            if problem is None:
+                return sample
+            if shard.pending is not None:  # the shard's fault (cut short, say), not the sample's
+                self._failed(shard.pending)
+                continue
+            exc = SampleError(f"{shard.url}: sample {sample['__key__']!r} at byte {at}: {problem}")
+            if self.on_error == "raise":
+                raise exc
+            self.skipped_samples += 1
+            log.warning("%s: skipped a sample (%s)", self.where, redact(str(exc), self.storage.options))
+
+    def _check_count(self, url: str, read: int) -> None:
+        """At the end of a shard: as many samples as ``index.json`` says, when it says."""
+        expected = self._expected(url)
+        if expected is not None and read != expected:
+            self._failed(SampleError(f"{url}: {read} samples read, but {INDEX_NAME} lists "
+                                     f"{expected}: the shard is truncated or was replaced"))
 
     def get_state(self) -> dict:
         if self._shard is None:
