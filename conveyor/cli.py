@@ -2,7 +2,7 @@
 
     conveyor run SPEC [--set k=v ...] [--params FILE] [--epochs N] [--steps N] [--trace FILE]
     conveyor validate SPEC [--set k=v ...]
-    conveyor show SPEC [--format text|dot|mermaid] [--set k=v ...]
+    conveyor show SPEC [--format text|dot|mermaid] [--batch] [--set k=v ...]
     conveyor bench SPEC [--seconds N] [--step-time MS] [--set k=v ...] [--trace FILE] [--report FILE]
     conveyor tune SPEC --param workers=1,2,4,8 [--param k=a,b] [--seconds N] [--rounds N]
                        [--write FILE] [--plot FILE.svg] [--report FILE.html]
@@ -180,7 +180,22 @@ def cmd_show(args: argparse.Namespace) -> int:
     plan = _plan(args)
     text = {"text": show_text, "dot": show_dot, "mermaid": show_mermaid}[args.format](plan)
     print(_hide_secrets(text, plan))
+    if args.batch:
+        print(_hide_secrets("\n".join(_first_batch(plan)), plan))
     return 0
+
+
+def _first_batch(plan: Plan) -> list[str]:
+    """The first batch's structure (``loader.peek()``) and the epoch's length, as lines."""
+    from conveyor.batch_info import describe_batch
+
+    with Loader(compile_plan(plan)) as loader:
+        try:
+            length = f"{len(loader)} batches per epoch on this rank"
+        except TypeError as exc:
+            length = str(exc)
+        batch = loader.peek()
+        return [f"first batch of epoch 0 ({length}):"] + ["  " + line for line in describe_batch(batch)]
 
 
 def _trace_recorder(args: argparse.Namespace) -> Any:
@@ -401,6 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print the compiled graph")
     common(show)
     show.add_argument("--format", choices=("text", "dot", "mermaid"), default="text")
+    show.add_argument("--batch", action="store_true",
+                      help="also build the loader and print its first batch: keys, shapes, dtypes, ranges")
     show.set_defaults(func=cmd_show)
 
     # --- conveyor pack (conveyor/pack.py, another module's command): added when present ---

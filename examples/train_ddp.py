@@ -10,8 +10,9 @@ of records, length buckets), the loaders agree on each epoch's last batch (``eve
 so no rank waits forever at an epoch's end. Each rank writes
 ``rank<R>-step<N>.pt`` (model, optimizer, its loader state) and keeps the last two; on a
 restart the ranks agree on the newest step that all of them saved (a kill can land between
-two ranks' saves). ``--dcp`` saves through torch.distributed.checkpoint instead, each rank's
-loader state under its own key.
+two ranks' saves). ``--dcp`` saves through torch.distributed.checkpoint instead: the loader
+goes in as it is (``{"model": ..., "data": loader}``); it is a DCP ``Stateful`` whose state is
+keyed by rank, so every rank saves and loads its own position.
 ``--log-samples DIR`` appends ``step epoch idx,idx,...`` lines to ``DIR/rank<R>.log``.
 ``--spec`` takes the numbers sample (default), an ImageNet spec or specs/text.yaml (whose ranks
 get uneven record counts: the loaders agree on each epoch's last batch).
@@ -20,7 +21,6 @@ get uneven record counts: the loaders agree on each epoch's last batch).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
@@ -34,20 +34,6 @@ from conveyor import load_graph
 from conveyor.graphs.params import parse_set
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class LoaderState:
-    """A loader as a torch.distributed.checkpoint Stateful: its state travels as one JSON
-    string under a per-rank key, so DCP neither merges ranks' states nor flattens them."""
-
-    def __init__(self, loader):
-        self.loader = loader
-
-    def state_dict(self) -> dict:
-        return {"json": json.dumps(self.loader.state_dict())}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.loader.load_state_dict(json.loads(state["json"]))
 
 
 class BagOfTokens(nn.Module):
@@ -100,7 +86,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     loader = load_graph(args.spec, **parse_set(args.set))
-    first = next(iter(load_graph(args.spec, **parse_set(args.set))))  # shapes for the model
+    first = loader.peek()  # shapes for the model; the first epoch still begins with this batch
     model = DDP(make_model(first))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = 0
@@ -111,7 +97,7 @@ def main() -> None:
         import torch.distributed.checkpoint as dcp
 
         state = {"model": model.state_dict(), "opt": opt.state_dict(),
-                 f"loader_rank{rank}": LoaderState(loader), "step": torch.zeros((), dtype=torch.long)}
+                 "data": loader, "step": torch.zeros((), dtype=torch.long)}
         dcp.load(state, checkpoint_id=str(dcp_dir))
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
@@ -122,7 +108,7 @@ def main() -> None:
         newest = torch.tensor(saved[-1] if saved else 0)
         dist.all_reduce(newest, op=dist.ReduceOp.MIN)  # the newest step every rank has
         if int(newest) > 0:
-            ckpt = torch.load(args.ckpt / f"rank{rank}-step{int(newest)}.pt", weights_only=False)
+            ckpt = torch.load(args.ckpt / f"rank{rank}-step{int(newest)}.pt")
             model.load_state_dict(ckpt["model"])
             opt.load_state_dict(ckpt["opt"])
             loader.load_state_dict(ckpt["data"])
@@ -135,10 +121,9 @@ def main() -> None:
         log = open(args.log_samples / f"rank{rank}.log", "a")
     batches_per_epoch: dict[int, int] = {}
     with loader:
-        while loader.epoch < args.epochs - 1:
+        # after a restore, loader.epoch is the epoch the state resumes in (-1 when fresh)
+        for _ in range(max(loader.epoch, 0), args.epochs):
             for batch in loader:
-                if loader.epoch >= args.epochs:  # resumed from the end of the last epoch
-                    break
                 loss = forward(model, batch)
                 opt.zero_grad()
                 loss.backward()  # DDP all-reduces here: a rank with fewer batches would hang
@@ -155,8 +140,8 @@ def main() -> None:
                         import torch.distributed.checkpoint as dcp
 
                         dcp.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                                  f"loader_rank{rank}": LoaderState(loader),
-                                  "step": torch.tensor(step)}, checkpoint_id=str(dcp_dir))
+                                  "data": loader, "step": torch.tensor(step)},
+                                 checkpoint_id=str(dcp_dir))
                     else:
                         path = args.ckpt / f"rank{rank}-step{step}.pt"
                         torch.save({"model": model.state_dict(), "opt": opt.state_dict(),

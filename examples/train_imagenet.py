@@ -65,12 +65,12 @@ def main() -> None:
     args.ckpt.mkdir(parents=True, exist_ok=True)
     last = args.ckpt / "last.pt"
     if last.exists():
-        ckpt = torch.load(last, weights_only=False)
+        ckpt = torch.load(last)  # plain data and tensors: torch's default weights_only=True reads it
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
         loader.load_state_dict(ckpt["data"])
         step = ckpt["step"]
-        print(f"resumed at step {step} (epoch {ckpt['data']['epoch']})", flush=True)
+        print(f"resumed at step {step} (epoch {loader.epoch})", flush=True)
 
     log = open(args.log_samples, "a") if args.log_samples else None
     t0 = time.perf_counter()

@@ -26,9 +26,18 @@ SECRET_PARAMS = ("storage_options",)  # never in states, digests or `show` outpu
 
 
 def plain(value: Any) -> Any:
-    """Params as plain JSON-able data (enums to their values, tuples to lists)."""
+    """Params as plain data of exact built-in types (enums to their values, ``Fn`` and other
+    str subclasses to ``str``, tuples to lists), so that ``torch.load`` reads them."""
     if isinstance(value, Enum):
-        return value.value
+        return plain(value.value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     if isinstance(value, dict):
@@ -101,7 +110,7 @@ def _build(plan: Plan, names: list[str], rank: int, world: int, worker: int, wor
                            where=f"node '{name}' ({p.op.name}) from {plan.path}:{p.line}",
                            seed=plan.seed, rank=rank, world=world, worker=worker, workers=workers)
         node = p.op.build(p.params, [built[i] for i in p.inputs], ctx)
-        built[name] = Counted(node)
+        built[name] = Counted(node, name)
     return built  # type: ignore[return-value]
 
 
@@ -140,7 +149,7 @@ def compile_plan(plan: Plan) -> Compiled:
         factory = CopyFactory(plan, copied, copies.until, rank, world, copies.count)
         merge = WorkerCopies(factory, copies=copies.count, method=copies.method,
                              mp_context=copies.mp_context)
-        built[copies.until] = Counted(merge)
+        built[copies.until] = Counted(merge, copies.until)
     main = [n for n in order if n not in copied]
     _build(plan, main, rank, world, 0, 1, built)
     return Compiled(plan, built, order, rank, world, copied)  # type: ignore[arg-type]

@@ -29,6 +29,10 @@ few dozen cheap items, so timing its first 256 calls whole timed most of a short
 ~2 us per item (benchmarks/text_throughput.py). The figures are then unbiased estimates. ``conveyor bench`` and ``--trace``
 attach watchers (sizing items, recording spans), and while any is attached every call is
 timed. benchmarks/stats_overhead.py measures what this costs.
+
+While a ``torch.profiler`` (or ``torch.autograd.profiler.profile``) records, every call of a
+named node runs inside ``record_function("conveyor/<node>")``, so a training trace shows where
+data time goes; when none records, the cost is one module-attribute check per call.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Mapping
 
+import torch.autograd.profiler as _profiler
 from torchdata.nodes import BaseNode
 
 from conveyor.nodes.copies import WorkerCopies
@@ -162,6 +167,7 @@ class Counted(BaseNode):
 
     Args:
         inner: the node to measure.
+        name: the node's name in the spec: its profiler range is ``conveyor/<name>``.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -170,9 +176,10 @@ class Counted(BaseNode):
         ([0, 1, 2], 3)
     """
 
-    def __init__(self, inner: BaseNode):
+    def __init__(self, inner: BaseNode, name: str | None = None):
         super().__init__()
         self.inner = inner
+        self.range_name = f"conveyor/{name}" if name else None
         # call the inner node's next() directly: its BaseNode.__next__ only checks that it was
         # reset, and this node's reset() resets it (a node with its own __next__ keeps it)
         self._direct = inner.next if type(inner).__next__ is BaseNode.__next__ else inner.__next__
@@ -281,6 +288,8 @@ class Counted(BaseNode):
             self.q_max = n
 
     def __next__(self):
+        if _profiler._is_profiler_enabled and self.range_name is not None:
+            return self._profiled()
         if self._timed:
             return self._measured()
         item = self._direct()  # the bare path: a call its group does not time
@@ -288,6 +297,15 @@ class Counted(BaseNode):
         return item
 
     next = __next__
+
+    def _profiled(self) -> Any:
+        """A call inside a profiler range named after the node (while a profiler records)."""
+        with _profiler.record_function(self.range_name):
+            if self._timed:
+                return self._measured()
+            item = self._direct()
+            self._n += 1
+            return item
 
     def _place(self) -> _Cell | None:
         """Note the thread this node runs in (not while a reset pulls from it)."""

@@ -6,9 +6,14 @@ may be called at any step; ``load_state_dict()`` makes the next iteration contin
 after the step the state was taken at, in this process or a new one. A state taken after
 the last batch of an epoch resumes at the first batch of the next epoch.
 
-The state is plain data: a format version, the spec's digest and its node params (to name
-what differs when a state does not fit), the epoch, the batches yielded in it, the rank and
-world, and the graph's own state. In a job of several ranks whose graph can give them uneven
+The state is plain data that ``torch.load`` (weights_only), JSON and
+``torch.distributed.checkpoint`` read as they are: ``{"format": 2, "rank<R>": "<JSON>"}``, one
+entry per rank, so the states of several ranks saved under one key (DCP's global plan, a merged
+dict) stay distinct and each rank loads its own. The JSON holds the rank's own state: its
+layout version, the spec's digest and node params (to name what differs when a state does not
+fit), the epoch, the batches yielded in it, the rank and world, and the graph's own state
+(``rank_states`` decodes it). A state differing from this graph's spec only in params that
+leave the data the same (``SAFE_PARAMS``: workers, prefetch depth, retries...) loads as it is. In a job of several ranks whose graph can give them uneven
 batch counts, every rank ends each epoch at the same batch (``conveyor/graphs/even.py``).
 ``close()`` (or ``with``) stops every thread and process;
 a loader nobody closed is closed when it is garbage-collected or the interpreter exits.
@@ -16,24 +21,62 @@ a loader nobody closed is closed when it is garbage-collected or the interpreter
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import weakref
 from typing import Any, Iterator
 
-from conveyor.errors import StateError
+from conveyor.errors import ConveyorError, StateError
 from conveyor.graphs.compile import Compiled, digest, summary
 from conveyor.graphs.even import agreement_for
 from conveyor.graphs.instrument import node_perf
+from conveyor.graphs.length import UnknownLength, epoch_length
 
 log = logging.getLogger(__name__)
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2  # {"format": 2, "rank<R>": JSON of the rank's state}
+RANK_FORMAT = 1    # the layout of one rank's state (a format-1 state is one of these, bare)
 # params whose change leaves the data exactly the same (only speed or memory differ)
 SAFE_PARAMS = frozenset({"workers", "method", "mp_context", "depth", "snapshot_every", "enabled",
                          "concurrency", "attempts", "timeout", "backoff", "backoff_max", "cache",
                          "cache_size", "block_size", "read_ahead",
                          "device", "non_blocking"})
+
+
+def rank_key(rank: int) -> str:
+    """The key of rank ``rank``'s entry in a loader state."""
+    return f"rank{rank}"
+
+
+def rank_states(state: Any) -> dict[int, dict[str, Any]]:
+    """Each rank's own state (decoded) in a loader state, by rank.
+
+    Takes a state from ``Loader.state_dict()`` (format 2), several ranks' states merged into
+    one dict, or a bare rank state (format 1, as conveyor wrote before).
+
+    Raises:
+        StateError: ``state`` is not a conveyor loader state, or an entry cannot be read.
+    """
+    if not isinstance(state, dict) or "format" not in state:
+        raise StateError("not a conveyor loader state (expected a dict from Loader.state_dict())")
+    if state["format"] == RANK_FORMAT and "graph" in state:
+        return {state.get("rank", 0): state}
+    if state["format"] != STATE_FORMAT:
+        raise StateError(f"state format {state['format']} is not supported (this conveyor "
+                         f"writes format {STATE_FORMAT})")
+    out = {}
+    for key, value in state.items():
+        if not (key.startswith("rank") and key[4:].isdigit()):
+            continue
+        try:
+            one = json.loads(value)
+        except (TypeError, ValueError) as exc:
+            raise StateError(f"state entry '{key}' is not a conveyor rank state: {exc}") from None
+        if not isinstance(one, dict) or "graph" not in one:
+            raise StateError(f"state entry '{key}' is not a conveyor rank state")
+        out[int(key[4:])] = one
+    return out
 
 
 def _close_nodes(nodes: list[Any]) -> None:
@@ -44,6 +87,18 @@ def _close_nodes(nodes: list[Any]) -> None:
                 close()
             except Exception:  # closing must go on for the other nodes
                 log.exception("closing %r failed", node)
+
+
+def _dist_ready() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+    except ImportError:
+        return False
+
+
+_END = object()  # read ahead where the epoch had ended
 
 
 class _EpochIterator:
@@ -81,10 +136,12 @@ class Loader:
         self._epoch = -1           # the epoch being (or last) iterated
         self._yielded = 0          # batches yielded in that epoch
         self._started = False      # root has been reset for self._epoch
+        self._taken = False        # a batch was taken since the epoch was started or restored
         self._exhausted = False
-        self._pending: dict | None = None  # a loaded state, applied at the next iter()
-        self._peeked: list[Any] = []       # one batch read ahead after a restore
-        self._peek_state: dict | None = None
+        self._peeked: list[Any] = []       # one batch (or _END) read ahead: restore, peek()
+        self._peek_state: dict | None = None  # the rank state from before that read
+        self._abandoned = 0        # epochs left with batches by a new iter() (logged once)
+        self._length: int | None = None   # len(), once known
         self._closed = False
         self._generation = 0  # which iterator is current: an older one is finished
         self._t_start = 0.0
@@ -97,7 +154,11 @@ class Loader:
     # ----- epochs -------------------------------------------------------------------------
     @property
     def epoch(self) -> int:
-        """The epoch being iterated (or, between epochs, the last one); -1 before the first."""
+        """The epoch being iterated (or, between epochs, the last one); -1 before the first.
+
+        Right after ``load_state_dict`` it is the epoch the state resumes in (the next one for
+        a state taken after an epoch's last batch), and after ``set_epoch(n)`` it is ``n``.
+        """
         return self._epoch
 
     @property
@@ -108,6 +169,31 @@ class Loader:
     def nodes(self) -> dict[str, Any]:
         """The built nodes by name (the torchdata ``BaseNode`` of each)."""
         return {n: c.inner for n, c in self._c.nodes.items()}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next ``iter()`` start epoch ``epoch`` at its first batch, shuffled as that epoch.
+
+        For jobs that checkpoint once per epoch: ``loader.set_epoch(saved_epoch + 1)``. Setting
+        the epoch the loader is about to iterate anyway (just restored, started or set, nothing
+        taken) changes nothing, so calling ``set_epoch(epoch)`` at the top of every epoch, as
+        with ``DistributedSampler``, keeps a position restored by ``load_state_dict``.
+
+        Args:
+            epoch: the epoch to start, >= 0.
+
+        Example:
+            >>> loader.set_epoch(3)          # doctest: +SKIP
+            >>> for batch in loader: ...     # epoch 3, from its first batch
+        """
+        self._check_open()
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"set_epoch: epoch={epoch!r} must be an int >= 0")
+        if self._started and not self._taken and not self._exhausted and self._epoch == epoch:
+            return
+        self._note_abandoned(f"set_epoch({epoch})", epoch)
+        self._generation += 1  # an iterator of the old epoch ends
+        self._start(epoch, None)
+        self._yielded = 0
 
     def _set_epoch(self, epoch: int) -> None:
         self._epoch = epoch
@@ -120,8 +206,10 @@ class Loader:
         self._set_epoch(epoch)
         for counted in self._c.nodes.values():
             counted.items = 0
+        self._peeked, self._peek_state = [], None  # read ahead from the position being left
         self._root.reset(graph_state)
         self._started = True
+        self._taken = False
         self._exhausted = False
         self._cut = False
         self._t_start = time.perf_counter()
@@ -142,16 +230,32 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         self._check_open()
-        if self._pending is not None:
-            state, self._pending = self._pending, None
-            self._restore(state)
-        elif self._started and self._yielded == 0 and not self._exhausted:
-            pass  # started (e.g. for a state_dict) but nothing taken yet: this is that epoch
-        else:
+        if not self._started or self._taken or self._exhausted:
+            # else: started (by state_dict, peek, set_epoch or a restore) with nothing taken
+            # since: this iterator takes that epoch from where it stands
+            self._note_abandoned("a new iter()", self._epoch + 1)
             self._start(self._epoch + 1, None)
             self._yielded = 0
         self._generation += 1
         return _EpochIterator(self, self._generation)
+
+    def _note_abandoned(self, by: str, next_epoch: int) -> None:
+        """Say (a warning the first time, then at debug level) that an epoch is being left
+        with batches still to come."""
+        if not self._started or self._exhausted or not self._taken:
+            return
+        if self._peeked:
+            if self._peeked[-1] is _END:
+                return
+        else:
+            known = self._known_length()
+            if known is not None and self._yielded >= known:
+                return
+        self._abandoned += 1
+        (log.warning if self._abandoned == 1 else log.debug)(
+            "%s: epoch %d is left after %d batch(es) with more to come, and %s starts epoch %d "
+            "(keep one iterator per epoch to see all of it; said once)", self._c.plan.path,
+            self._epoch, self._yielded, by, next_epoch)
 
     def _next(self, generation: int) -> Any:
         if self._exhausted or not self._started or generation != self._generation:
@@ -160,6 +264,7 @@ class Loader:
         if self._peeked:
             item = self._peeked.pop()
             self._peek_state = None
+            have = item is not _END
         else:
             try:
                 item = next(self._root)
@@ -177,21 +282,59 @@ class Loader:
                     self._c.rank, self._epoch, self._yielded)
             raise StopIteration
         self._yielded += 1
+        self._taken = True
+        return item
+
+    def peek(self) -> Any:
+        """The batch the loader gives next, without taking it.
+
+        Mid-epoch it is the epoch's next batch; between epochs (before the first, or after
+        one ended) it is the first batch of the next epoch, which the next ``iter()`` then
+        begins with. Nothing moves: ``state_dict()`` is the same before and after, and the
+        next batch taken is this one. ``conveyor show SPEC --batch`` prints its structure.
+
+        Raises:
+            RuntimeError: the loader is closed.
+            ConveyorError: the current epoch has no batch left (iterating the loader again
+                starts the next one), or the epoch has no batches at all.
+
+        Example:
+            >>> batch = loader.peek()                            # doctest: +SKIP
+            >>> model = make_model(batch["image"].shape[1:])     # doctest: +SKIP
+            >>> for batch in loader: ...                         # starts with that batch
+        """
+        self._check_open()
+        if not self._started or self._exhausted:
+            self._generation += 1  # an iterator that ended stays ended
+            self._start(self._epoch + 1, None)
+            self._yielded = 0
+        if not self._peeked:
+            state = self._rank_state()
+            try:
+                self._peeked = [next(self._root)]
+            except StopIteration:
+                self._peeked = [_END]
+            self._peek_state = state
+        item = self._peeked[-1]
+        if item is _END:
+            if self._yielded:
+                raise ConveyorError(f"{self._c.plan.path}: epoch {self._epoch} has no batch left after "
+                                    f"{self._yielded}; iterating the loader again starts epoch "
+                                    f"{self._epoch + 1}")
+            raise ConveyorError(f"{self._c.plan.path}: epoch {self._epoch} has no batches at all "
+                                "(no input, or fewer items than one batch with drop_last)")
         return item
 
     # ----- state --------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """Where the loader is, as plain data (JSON-serialisable); cheap enough for every step."""
-        self._check_open()
-        if self._pending is not None:
-            return self._pending
+    def _rank_state(self) -> dict[str, Any]:
+        """This rank's own state, as plain data."""
         if self._peek_state is not None:
             return self._peek_state
         if not self._started:
             self._start(0, None)
             self._yielded = 0
         return {
-            "format": STATE_FORMAT,
+            "format": RANK_FORMAT,
             "digest": self._digest,
             "spec": self._summary["nodes"],
             "workers": self._summary["workers"],
@@ -203,24 +346,62 @@ class Loader:
             "graph": self._root.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
-        """Resume from ``state`` at the next ``iter()``.
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is, as plain data; cheap enough for every step.
 
-        Args:
-            state: from ``state_dict()``, possibly after a JSON or torch.save round trip.
-            strict: refuse any difference between the saved spec and this one. With
-                ``strict=False`` differences are logged, each marked as safe (workers, prefetch
-                depth, pinning: the data stay the same) or as breaking exactness (seed, sizes, fn).
-
-        Raises:
-            StateError: the state is from another format, spec, rank or world size.
+        ``{"format": 2, "rank<R>": "<JSON>"}``: plain types only, so ``torch.load`` with its
+        defaults, JSON and ``torch.distributed.checkpoint`` all read it. The entry is keyed by
+        this rank, so under DCP every rank's entry is its own and ``load_state_dict`` picks it
+        (``rank_states`` decodes the entries).
         """
         self._check_open()
-        if not isinstance(state, dict) or "format" not in state or "graph" not in state:
-            raise StateError("not a conveyor loader state (expected a dict from Loader.state_dict())")
-        if state["format"] != STATE_FORMAT:
-            raise StateError(f"state format {state['format']} is not supported (this conveyor "
-                             f"writes format {STATE_FORMAT})")
+        return {"format": STATE_FORMAT,
+                rank_key(self._c.rank): json.dumps(self._rank_state(), separators=(",", ":"))}
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Resume from ``state``: the next batch is the one after the step it was taken at.
+
+        ``loader.epoch`` is then the epoch the state resumes in, and the next ``iter()``
+        continues it. A state whose spec differs from this one only in params that leave the
+        data the same (``SAFE_PARAMS``: workers, method, prefetch depth, retries, cache...)
+        loads with an info log.
+
+        Args:
+            state: from ``state_dict()``, possibly after a JSON, ``torch.save``/``torch.load``
+                or ``torch.distributed.checkpoint`` round trip; states of several ranks merged
+                into one dict are fine (each rank takes its own entry).
+            strict: refuse params that change the data (seed, sizes, fn...). With
+                ``strict=False`` such differences are logged as warnings and the state loads.
+
+        Raises:
+            StateError: the state is from another format, graph, rank or world size, or (with
+                ``strict``) from a spec whose params change the data.
+        """
+        self._check_open()
+        own = self._own_state(state)
+        self._check_fits(own, strict)
+        if not self._c.plan.resumable:
+            log.warning("%s declares resumable: false: this state restores the position of every "
+                        "node, but the batches after it will not be exactly the uninterrupted run's",
+                        self._c.plan.path)
+        self._generation += 1  # an iterator from before the load ends
+        self._restore(own)
+
+    def _own_state(self, state: Any) -> dict[str, Any]:
+        """This rank's entry of ``state`` (decoded)."""
+        by_rank = rank_states(state)
+        own = by_rank.get(self._c.rank)
+        if own is None and len(by_rank) == 1:
+            own = next(iter(by_rank.values()))  # one rank's state: _check_fits names the mismatch
+        if own is None:
+            raise StateError(f"the state holds rank(s) {sorted(by_rank)}, this is rank {self._c.rank} of "
+                             f"world {self._c.world}: load each rank's own state, with the same world size")
+        return own
+
+    def _check_fits(self, state: dict[str, Any], strict: bool) -> None:
+        if state.get("format") != RANK_FORMAT:
+            raise StateError(f"rank state format {state.get('format')} is not supported (this conveyor "
+                             f"writes format {RANK_FORMAT})")
         if (state.get("rank"), state.get("world")) != (self._c.rank, self._c.world):
             raise StateError(f"state was saved by rank {state.get('rank')} of world {state.get('world')}, "
                              f"this is rank {self._c.rank} of world {self._c.world}: load each rank's "
@@ -233,12 +414,6 @@ class Loader:
                              "(each copy's position is part of it)")
         if state.get("digest") != self._digest:
             self._compare(state.get("spec") or {}, strict)
-        if not self._c.plan.resumable:
-            log.warning("%s declares resumable: false: this state restores the position of every "
-                        "node, but the batches after it will not be exactly the uninterrupted run's",
-                        self._c.plan.path)
-        self._pending = state
-        self._peeked, self._peek_state = [], None
 
     def _compare(self, saved: dict[str, Any], strict: bool) -> None:
         now = self._summary["nodes"]
@@ -264,14 +439,48 @@ class Loader:
                                         f"{node['params'].get(p)!r}"
                                         + (" (safe: the data stay the same)" if safe else
                                            " (breaks exactness: the batches will differ)")))
-        if not diffs:
-            return
-        if strict:
-            raise StateError("the state is from a spec with other params: "
-                             + "; ".join(d for _, d in diffs)
+        breaking = [d for safe, d in diffs if not safe]
+        if strict and breaking:
+            raise StateError("the state is from a spec with other params: " + "; ".join(breaking)
                              + ". Pass strict=False to load it anyway")
         for safe, d in diffs:
             (log.info if safe else log.warning)("loading a state across a spec change: %s", d)
+
+    # ----- length -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches this rank yields in an epoch (the coming one, or the current one whole).
+
+        Known where the graph fixes it before iterating: a listing, shard (with equalize),
+        batch (drop_last), worker copies. Where the data decide (filter, skipped errors,
+        records read from files, length buckets, mix until the first input ends), ``len()``
+        raises ``TypeError`` naming the node, as ``DataLoader`` does for an iterable dataset.
+        With ranks that agree on each epoch's end (``even_batches``), the fewest of any rank.
+        """
+        if self._length is None:
+            self._check_open()
+            try:
+                self._length = self._count_batches()
+            except UnknownLength as exc:
+                raise TypeError(f"len() of the loader of {self._c.plan.path} is unknown: {exc}") from None
+        return self._length
+
+    def __bool__(self) -> bool:
+        return True  # a loader is never false, whatever its length (or when it has none)
+
+    def _count_batches(self) -> int:
+        copies = getattr(self._c.plan, "copies", None)
+        copied = (copies.count, copies.until) if self._c.copied else None
+        nodes = {n: c for n, c in self._c.nodes.items() if n not in self._c.copied}
+        ranks = [self._c.rank]
+        if self._agree is not None and _dist_ready():  # every rank stops at the shortest
+            ranks = list(range(self._c.world))
+        return min(epoch_length(self._c.plan, nodes, r, self._c.world, copied) for r in ranks)
+
+    def _known_length(self) -> int | None:
+        try:
+            return len(self)
+        except (TypeError, ConveyorError):
+            return None
 
     # ----- stats and closing --------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

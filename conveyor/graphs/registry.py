@@ -44,6 +44,9 @@ class OpSpec:
         doc: one line for ``conveyor show`` and error hints.
         check: optional ``check(params, n_inputs) -> [(param, message)]`` for rules that
             span several params or the inputs.
+        length: optional ``length(params, input_counts, where, source_count) -> int | None``,
+            the node's items per epoch for ``len(loader)`` (see graphs/length.py); the
+            built-in ops have theirs in ``length.LENGTH``.
     """
 
     name: str
@@ -52,6 +55,7 @@ class OpSpec:
     inputs: Inputs = "one"
     doc: str = ""
     check: Callable[[Any, int], list[tuple[str, str]]] | None = None
+    length: Callable[..., int | None] | None = None
 
 
 def param(default: Any = dataclasses.MISSING, *, min: float | None = None, doc: str = "",
