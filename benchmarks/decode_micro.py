@@ -1,14 +1,23 @@
-"""Per-image cost of ``conveyor.image.train_transform`` against a naive Pillow pipeline.
+"""Per-image cost of ``conveyor.image.train_transform`` against a naive Pillow pipeline, and
+how its kernels scale over threads.
 
-One thread, no loader: this measures the map function alone. The naive pipeline is what
-torchvision's ``ImageFolder`` + ``RandomResizedCrop`` + ``RandomHorizontalFlip`` does with
-PIL: full decode, ``convert("RGB")``, crop, bilinear resize, flip, to a CHW uint8 tensor.
-Both draw the same crop from the same rng, so the work differs only in how it is done.
+No loader: this measures the map function alone. The naive pipeline is what torchvision's
+``ImageFolder`` + ``RandomResizedCrop`` + ``RandomHorizontalFlip`` does with PIL: full decode,
+``convert("RGB")``, crop, bilinear resize, flip, to a CHW uint8 tensor. Both draw the same crop
+from the same rng, so the work differs only in how it is done.
 
-Two inputs: the bundled ImageNet-sized sample (``examples/data/imagenet-sample/train``) and
-one generated camera-sized JPEG (3000x2000).
+Inputs, generated (not the bundled sample): ``--count`` ImageNet-sized JPEGs (450x360,
+quality 90, ~50 kB) and 8 camera-sized ones (3000x2000).
 
-    python benchmarks/decode_micro.py [--repeats 3]
+1. Per image, one thread: the median over ``--repeats`` of the mean CPU time of the calling
+   thread (``time.thread_time``), so other processes on a shared machine barely move it.
+2. Threads: ``train_transform`` over the ImageNet-sized images, read from memory, by 1 thread
+   and by ``--threads`` threads (each its share of the list), in alternating rounds; the
+   speed-up of each round is its N-thread rate over its 1-thread rate. A speed-up well under
+   N means something holds the GIL (or the machine is busy: the share of the CPUs other
+   processes used is printed with each round).
+
+    python benchmarks/decode_micro.py [--repeats 3] [--rounds 5] [--threads 2]
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ import argparse
 import io
 import random
 import statistics
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,9 +35,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from conveyor.image import random_resized_crop_box, train_transform
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 
-SAMPLE = Path(__file__).resolve().parents[1] / "examples/data/imagenet-sample/train"
+import _common as C  # noqa: E402
+from conveyor.image import random_resized_crop_box, train_transform  # noqa: E402
 
 
 def naive(item: dict, *, size: int = 224, rng: random.Random) -> dict:
@@ -40,43 +54,76 @@ def naive(item: dict, *, size: int = 224, rng: random.Random) -> dict:
     return {"image": image, "label": item["label"], "index": item["index"]}
 
 
-def camera_jpeg(width: int = 3000, height: int = 2000, seed: int = 0) -> bytes:
-    """A camera-sized JPEG with smooth structure and fine grain, quality 90."""
-    rng = np.random.default_rng(seed)
-    small = Image.fromarray(rng.integers(0, 256, (height // 50, width // 50, 3), dtype=np.uint8))
-    base = np.asarray(small.resize((width, height), Image.Resampling.BICUBIC), np.float32)
-    base = base + rng.normal(0, 6, (height, width, 1)).astype(np.float32)
-    buf = io.BytesIO()
-    Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
-    return buf.getvalue()
-
-
 def per_image_ms(fn, items: list[dict], repeats: int) -> float:
-    """Median over repeats of the mean time per item, in milliseconds."""
+    """Median over repeats of the mean CPU time of this thread per item, in milliseconds."""
     runs = []
     for r in range(repeats):
-        start = time.perf_counter()
+        start = time.thread_time()
         for item in items:
             fn(item, rng=random.Random(r * 100003 + item["index"]))
-        runs.append((time.perf_counter() - start) / len(items) * 1e3)
+        runs.append((time.thread_time() - start) / len(items) * 1e3)
     return statistics.median(runs)
+
+
+def rate(items: list[dict], threads: int, passes: int) -> tuple[float, float]:
+    """(images/s, share of the CPUs other processes used) of ``threads`` threads, each doing
+    train_transform on its share of ``items``, ``passes`` times over."""
+    def work(part: list[dict]) -> None:
+        for p in range(passes):
+            for item in part:
+                train_transform(item, rng=random.Random(p * 100003 + item["index"]))
+
+    parts = [items[k::threads] for k in range(threads)]
+    ts = [threading.Thread(target=work, args=(part,)) for part in parts]
+    cpu0 = C.cpu_snapshot()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    wall = time.perf_counter() - t0
+    return len(items) * passes / wall, C.foreign_share(cpu0, C.cpu_snapshot(), wall)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--count", type=int, default=200, help="ImageNet-sized images")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating thread rounds")
+    parser.add_argument("--passes", type=int, default=3, help="passes over the images per run")
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
 
-    files = sorted(SAMPLE.glob("*/*.JPEG"))
-    items = [{"bytes": f.read_bytes(), "label": 0, "index": i} for i, f in enumerate(files)]
-    big = [{"bytes": camera_jpeg(), "label": 0, "index": i} for i in range(8)]
-    print(f"{'input':<28}{'naive ms':>10}{'conveyor ms':>13}{'speed-up':>10}")
-    for name, batch in ((f"sample ({len(items)} JPEGs)", items), ("3000x2000 JPEG", big)):
+    def jpeg(w: int, h: int, i: int) -> dict:
+        return {"bytes": C.camera_like_jpeg(w, h, seed=i), "label": 0, "index": i}
+
+    items = [jpeg(450, 360, i) if i % 4 else jpeg(360, 450, i) for i in range(args.count)]
+    big = [jpeg(3000, 2000, 10_000 + i) for i in range(8)]
+    kb = statistics.mean(len(x["bytes"]) for x in items) / 1024
+    print(f"torch {torch.__version__}, intra-op threads {torch.get_num_threads()}, "
+          f"{C.machine()['cpus (nproc)']} CPUs, load average {C.machine()['load average at start']}")
+    print()
+    print(f"{'input (CPU ms per image)':<34}{'naive PIL':>10}{'conveyor':>10}{'speed-up':>10}")
+    for name, batch in ((f"{len(items)} JPEGs ~450x360, {kb:.0f} kB", items), ("8 JPEGs 3000x2000", big)):
         per_image_ms(train_transform, batch[:4], 1)  # warm up
         slow = per_image_ms(naive, batch, args.repeats)
         fast = per_image_ms(train_transform, batch, args.repeats)
-        print(f"{name:<28}{slow:>10.2f}{fast:>13.2f}{slow / fast:>9.2f}x")
+        print(f"{name:<34}{slow:>10.2f}{fast:>10.2f}{slow / fast:>9.2f}x")
+    print()
+    n = args.threads
+    print(f"train_transform, {len(items)} ImageNet-sized JPEGs from memory, "
+          f"{args.passes} passes per run, alternating rounds:")
+    print(f"{'round':<7}{'1 thread /s':>12}{f'{n} threads /s':>14}{'speed-up':>10}{'others CPU':>12}")
+    ratios = []
+    rate(items[:16], 1, 1)  # warm up
+    for r in range(args.rounds):
+        order = (1, n) if r % 2 == 0 else (n, 1)
+        got = {k: rate(items, k, args.passes) for k in order}
+        ratios.append(got[n][0] / got[1][0])
+        others = max(got[1][1], got[n][1])
+        print(f"{r + 1:<7}{got[1][0]:>12.0f}{got[n][0]:>14.0f}{ratios[-1]:>9.2f}x{others:>11.0%}")
+    print(f"median speed-up of {n} threads over 1: {statistics.median(ratios):.2f}x "
+          f"(target >= {0.85 * n:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -492,6 +492,285 @@ def target_rows(label: str, med: dict[str, float], conv: str, hand: str, dls: li
     return rows
 
 
+# ----- --targets: issue 12's comparison against the DataLoader users write ------------------------
+
+
+class Batched(Contender):
+    """One thread doing read + transform, counted in batches of ``bs`` (no loader)."""
+
+    kind = "1 thread"
+
+    def __init__(self, name: str, records: list[dict], work: Work, bs: int):
+        self.name, self.records, self.work, self.bs = name, records, work, bs
+
+    def epoch(self, e: int) -> Iterator[int]:
+        def run() -> Iterator[int]:
+            for i, r in enumerate(self.records, 1):
+                self.work(r, e)
+                if i % self.bs == 0:
+                    yield self.bs
+        return run()
+
+
+class BatchedThreads(PlainThreads):
+    """``threads`` plain threads doing read + transform, counted in batches (no loader)."""
+
+    def __init__(self, name: str, records: list[dict], work: Work, threads: int, bs: int):
+        super().__init__(name, records, work, threads)
+        self.bs = bs
+
+    def epoch(self, e: int) -> Iterator[int]:
+        def run() -> Iterator[int]:
+            for i, _ in enumerate(self.pool.map(lambda r: self.work(r, e), self.records), 1):
+                if i % self.bs == 0:
+                    yield self.bs
+        return run()
+
+
+class Run:
+    """One fresh contender, ``epochs`` epochs back to back: samples/s counted from batch
+    ``skip`` on (start-up excluded, epoch restarts included), and the time from building the
+    loader to its first batch."""
+
+    def __init__(self, c: Contender, epochs: int, skip: int):
+        cpu0 = C.cpu_snapshot()
+        t0 = time.perf_counter()
+        c.open()
+        marks: list[tuple[float, int]] = []
+        n = 0
+        try:
+            for e in range(epochs):
+                for count in c.epoch(e):
+                    n += count
+                    marks.append((time.perf_counter(), n))
+        finally:
+            c.close()  # stops workers before anything else is timed
+        if len(marks) <= skip:
+            raise SystemExit(f"{c.name}: {len(marks)} batches; --targets needs more than {skip}")
+        (ta, na), (tb, nb) = marks[skip - 1], marks[-1]
+        self.rate = (nb - na) / (tb - ta)
+        self.first_s = marks[0][0] - t0
+        self.samples = n
+        self.foreign = C.foreign_share(cpu0, C.cpu_snapshot(), tb - t0)
+
+
+def tree_rss_mib() -> float:
+    """VmRSS of this process and all its descendants, MiB (worker processes included)."""
+    kids: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    ppid = C._proc_times(f.read())[0]
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0, [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        todo += kids.get(pid, [])
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration, ValueError):
+            pass
+    return total / 1024
+
+
+def memory_epochs(spec: Path, overrides: dict, epochs: int) -> list[float]:
+    """RSS of the process tree after each of epochs 0..epochs of one loader, MiB."""
+    out = []
+    with load_graph(str(spec), **overrides) as loader:
+        for _ in range(epochs + 1):
+            for _ in loader:
+                pass
+            out.append(tree_rss_mib())
+    return out
+
+
+def write_imagenet_sized(root: Path, count: int, classes: int = 10, seed: int = 0) -> None:
+    """``count`` ~450x360 JPEGs (every fourth portrait), ~50 kB, in class folders."""
+    for i in range(count):
+        d = root / f"n{8000000 + i % classes:08d}"
+        d.mkdir(parents=True, exist_ok=True)
+        w, h = (360, 450) if i % 4 == 0 else (450, 360)
+        (d / f"gen_{i:05d}.JPEG").write_bytes(C.camera_like_jpeg(w, h, seed=seed * 100003 + i))
+
+
+def alternate(contenders: list[Contender], rounds: int, epochs: int, skip: int, quiet_s: float,
+              deadline: float, tag: str) -> list[dict[str, Run]]:
+    """Every contender once per round, the order rotated each round; a fresh one each time."""
+    out = []
+    for r in range(rounds):
+        k = r % len(contenders)
+        got = {}
+        for c in contenders[k:] + contenders[:k]:
+            if quiet_s > 0 and time.perf_counter() < deadline:
+                C.wait_for_quiet(quiet_s, probe_s=0.5)
+            got[c.name] = Run(c, epochs, skip)
+        out.append(got)
+        print(f"{tag} round {r + 1}/{rounds}: " + ", ".join(
+            f"{n} {v.rate:.0f}/s ({v.foreign:.0%} others)" for n, v in got.items()), file=sys.stderr, flush=True)
+    return out
+
+
+def rounds_table(contenders: list[Contender], res: list[dict[str, Run]], best_dl: str) -> str:
+    rows = []
+    for c in contenders:
+        runs = [r[c.name] for r in res]
+        ratio = C.median([r[c.name].rate / r[best_dl].rate for r in res])
+        rows.append((c.name, f"{C.median([x.rate for x in runs]):.0f}",
+                     " ".join(f"{x.rate:.0f}" for x in runs),
+                     "—" if c.kind == "1 thread" else f"{1e3 * C.median([x.first_s for x in runs]):.0f}",
+                     f"{100 * C.median([x.foreign for x in runs]):.0f} %", f"{ratio:.2f}"))
+    return C.md_table(["contender", "samples/s from batch 10 (median)", "per round",
+                       "build → 1st batch, ms", "CPU used by other processes",
+                       f"÷ {best_dl} (median of per-round ratios)"], rows,
+                      [False, True, False, True, True, True])
+
+
+def best_dataloader(res: list[dict[str, Run]], names: list[str]) -> str:
+    return max(names, key=lambda n: C.median([r[n].rate for r in res]))
+
+
+def per_round(res: list[dict[str, Run]], num: str, den: Callable[[dict[str, Run]], float]) -> float:
+    """Median over rounds of ``num``'s rate over ``den`` of the same round."""
+    return C.median([r[num].rate / den(r) for r in res])
+
+
+def targets_main(a: argparse.Namespace, argv: list[str] | None) -> int:
+    """Issue 12's targets: imagenet.yaml and imagenet-procs.yaml against the DataLoader a user
+    writes (Pillow RandomResizedCrop + flip in a Dataset), on generated ImageNet-sized and
+    camera-sized JPEGs; the machine limit of the kernel; memory over 10 epochs."""
+    out_lines: list[str] = []
+
+    def emit(text: str = "") -> None:
+        print(text, flush=True)
+        out_lines.append(text)
+
+    warnings.filterwarnings("ignore", message=".*pin_memory.*no accelerator.*")
+    t_start = time.perf_counter()
+    deadline = t_start + a.wait_budget
+    cores = os.cpu_count() or 1
+    cpu0 = C.cpu_snapshot()
+    procs_spec = REPO / "specs/imagenet-procs.yaml"
+    parts = {"small", "large", "mem"} if a.parts == "mem,A,B,C" else {x.strip().lower() for x in a.parts.split(",")}
+    rows: list[tuple] = []
+    emit("### Issue 12 targets: conveyor against the DataLoader users write")
+    emit()
+    emit("Command: `python benchmarks/imagenet_throughput.py"
+         + "".join(" " + x for x in (argv if argv is not None else sys.argv[1:])) + "`")
+    emit()
+    emit("Machine: " + "; ".join(f"{k} {v}" for k, v in C.machine().items()))
+    emit()
+    emit(f"Code: {C.repo_state(REPO)}.")
+    emit()
+    emit(f"Method: every contender is built fresh for each measurement and closed (workers "
+         f"stopped) before the next one starts; {a.rounds} rounds, the order rotated each round; "
+         f"{a.epochs} epochs back to back per measurement, samples/s counted from batch "
+         f"{a.skip} to the last batch (start-up excluded, epoch restarts included); the time "
+         "from building the loader to its first batch is reported apart. Ratios are medians of "
+         "per-round ratios. The DataLoader contenders run what users write: a map-style Dataset "
+         "doing `Image.open().convert(\"RGB\")`, the RandomResizedCrop rule, BILINEAR resize and "
+         "a flip with Pillow (`_common.full_train_transform`; torchvision does not load here), "
+         "shuffle, pin_memory, persistent workers, drop_last. conveyor runs its specs unchanged "
+         "(`conveyor.image.train_transform`: simplejpeg + torch antialiased resize).")
+    emit()
+    with tempfile.TemporaryDirectory(prefix="conveyor-targets-") as tmp:
+        tmp_path = Path(tmp)
+        kernel = Work(train_transform, a.size, a.seed)
+        pil = Work(C.full_train_transform, a.size, a.seed)
+
+        def contenders(root: Path, records: list[dict], bs: int) -> tuple[list[Contender], list[str]]:
+            over = dict(root=str(root), batch_size=bs, image_size=a.size, seed=a.seed, workers=a.workers)
+            dls = [TorchDataLoader(f"DataLoader num_workers={w}, Pillow", records, pil, w, bs, a.seed)
+                   for w in (int(x) for x in a.dl_workers.split(",") if x.strip() and int(x) > 0)]
+            cs: list[Contender] = [
+                Conveyor(f"imagenet.yaml ({a.workers} threads)", a.spec, **over),
+                Conveyor(f"imagenet-procs.yaml ({a.workers} processes)", procs_spec, **over),
+                *dls,
+                BatchedThreads(f"{a.workers} plain threads, conveyor kernel, no loader", records, kernel,
+                               a.workers, bs),
+                Batched("1 thread, conveyor kernel, no loader", records, kernel, bs)]
+            return cs, [d.name for d in dls]
+
+        def part(label: str, root: Path, bs: int, epochs: int, big: bool) -> None:
+            records = list_records(root)
+            mb = sum(os.path.getsize(r["path"]) for r in records) / 2**20
+            cs, dls = contenders(root, records, bs)
+            res = alternate(cs, a.rounds, epochs, a.skip, a.quiet_wait, deadline, label)
+            best = best_dataloader(res, dls)
+            one = cs[-1].name
+            emit(f"**{label}**: {len(records)} JPEGs ({mb:.1f} MiB) per epoch, batch {bs}, "
+                 f"{epochs} epochs per measurement.")
+            emit()
+            emit(rounds_table(cs, res, best))
+            emit()
+            conv, procs = cs[0].name, cs[1].name
+            want = 3.5 if big else 1.5
+            r = per_round(res, conv, lambda x: x[best].rate)
+            rows.append((label, f"imagenet.yaml ÷ best DataLoader ({best.split(',')[0].split()[-1]})",
+                         f"{r:.2f}", f"≥ {want}", verdict(r, want)))
+            r = per_round(res, procs, lambda x: x[best].rate)
+            rows.append((label, "imagenet-procs.yaml ÷ best DataLoader", f"{r:.2f}",
+                         "≥ 1.5" if not big else "—", verdict(r, 1.5) if not big else "(information)"))
+            r = per_round(res, conv, lambda x: cores * x[one].rate)
+            rows.append((label, f"imagenet.yaml ÷ machine limit ({cores} × 1 thread of the kernel)",
+                         f"{r:.2f}", "≥ 0.85" if not big else "—", verdict(r, 0.85) if not big else "(information)"))
+            r = per_round(res, cs[-2].name, lambda x: x[one].rate)
+            rows.append((label, f"{a.workers} plain threads ÷ 1 thread (the kernel's thread scaling)",
+                         f"{r:.2f}", f"≥ {0.85 * a.workers:.2f}", verdict(r, 0.85 * a.workers)))
+
+        if "small" in parts:
+            root = tmp_path / "imagenet-sized"
+            t0 = time.perf_counter()
+            write_imagenet_sized(root, a.count, seed=a.seed)
+            print(f"wrote {a.count} ImageNet-sized JPEGs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            part(f"ImageNet-sized (~450×360, generated, not the bundled sample)", root, a.batch_size,
+                 a.epochs, big=False)
+        if "large" in parts:
+            w, h = (int(v) for v in a.large_wh.lower().split("x"))
+            gen, root = tmp_path / "camera-distinct", tmp_path / "camera"
+            t0 = time.perf_counter()
+            C.write_imagenet_folder(gen, a.large_count, classes=4, width=w, height=h, seed=a.seed)
+            C.link_subset(gen, root, a.large_count, PATTERN, copies=a.large_repeat)
+            print(f"wrote {a.large_count} {w}x{h} JPEGs in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            part(f"Camera-sized ({w}×{h}, {a.large_count} generated files listed {a.large_repeat}×)",
+                 root, a.large_batch, a.large_epochs, big=True)
+        if "mem" in parts:
+            root = tmp_path / "imagenet-sized"
+            if not root.exists():
+                write_imagenet_sized(root, a.count, seed=a.seed)
+            over = dict(root=str(root), batch_size=a.batch_size, image_size=a.size, seed=a.seed,
+                        workers=a.workers)
+            mem = {s.name: memory_epochs(s, over, a.mem_epochs) for s in (a.spec, procs_spec)}
+            batch_mib = a.batch_size * 3 * a.size * a.size / 2**20
+            emit(f"**Memory**: RSS of the process and its worker processes after each epoch of one "
+                 f"loader (epoch 0 is the warm-up), MiB, {a.count} images per epoch:")
+            emit()
+            emit(C.md_table(["spec"] + [str(e) for e in range(a.mem_epochs + 1)],
+                            [[k] + [f"{v:.0f}" for v in vs] for k, vs in mem.items()],
+                            [False] + [True] * (a.mem_epochs + 1)))
+            emit()
+            for k, vs in mem.items():
+                half = max(1, a.mem_epochs // 2)
+                trend = C.median(vs[1 + half:]) - C.median(vs[1:1 + half])
+                rows.append(("memory", f"{k}: median RSS of epochs {half + 1}..{a.mem_epochs} − "
+                             f"epochs 1..{half}", f"{trend:+.1f} MiB",
+                             f"≤ one batch ({batch_mib:.1f} MiB)", "met" if trend <= batch_mib else "**missed**"))
+        emit("**Targets**")
+        emit()
+        emit(C.md_table(["part", "measure", "value", "target", "verdict"], rows))
+        emit()
+        share = C.foreign_share(cpu0, C.cpu_snapshot(), time.perf_counter() - t_start)
+        emit(f"Total run time {time.perf_counter() - t_start:.0f} s; other processes used {share:.0%} "
+             "of the CPUs over the whole run; load average at the end "
+             + ("%.2f %.2f %.2f" % os.getloadavg()) + ".")
+    if a.out:
+        a.out.write_text("\n".join(out_lines) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -523,7 +802,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", default="mem,A,B,C", help="default mode: which parts to run")
     p.add_argument("--quick", action="store_true", help="a few seconds: smoke test of every path")
     p.add_argument("--out", type=Path, help="also write the markdown report here")
+    p.add_argument("--targets", action="store_true",
+                   help="issue 12's targets against the DataLoader users write (see --help)")
+    p.add_argument("--count", type=int, default=800, help="--targets: ImageNet-sized images generated")
+    p.add_argument("--skip", type=int, default=10, help="--targets: rate counted from this batch on")
+    p.add_argument("--large-epochs", type=int, default=2, help="--targets: epochs per camera-sized run")
     a = p.parse_args(argv)
+    if a.targets:
+        if a.quick:
+            a.count, a.rounds, a.epochs, a.mem_epochs, a.quiet_wait, a.batch_size = 96, 1, 2, 2, 0.0, 8
+            a.large_count, a.large_repeat, a.large_wh, a.large_batch = 4, 6, "1200x800", 2
+        a.rounds = a.rounds or 3
+        a.epochs = 3 if a.epochs == 5 else a.epochs
+        a.dl_workers = "2,4" if a.dl_workers == "0,1,2,4" else a.dl_workers
+        a.large_count = 24 if a.large_count == 32 else a.large_count
+        return targets_main(a, argv)
 
     if a.quick:
         a.rounds, a.warmup, a.epochs, a.mem_epochs, a.long_rounds = 1, 1, 1, 2, 1

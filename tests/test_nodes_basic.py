@@ -372,6 +372,42 @@ def test_collate_of_dicts():
     assert out["name"] == ["a", "b"]
 
 
+def test_collate_stacks_like_torch_without_intra_op_threads():
+    import os
+
+    import numpy as np
+    from torch.utils.data import default_collate as torch_collate
+
+    images = [torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8) for _ in range(32)]
+    batches = [
+        [{"image": t, "label": i, "arr": np.full(3, i, np.float32)} for i, t in enumerate(images)],
+        [torch.randn(4, 5) for _ in range(3)],
+        [torch.ones(2, dtype=torch.bfloat16), torch.zeros(2, dtype=torch.bfloat16)],  # no numpy
+        [torch.ones(2, requires_grad=True), torch.zeros(2, requires_grad=True)],
+        [torch.arange(6).reshape(2, 3).t(), torch.arange(6).reshape(2, 3).t()],  # not contiguous
+    ]
+    for batch in batches:
+        ours, theirs = run(Collate(IterableWrapper([batch])))[0], torch_collate(batch)
+        flat = ours.items() if isinstance(ours, dict) else [("", ours)]
+        for key, value in flat:
+            ref = theirs[key] if key else theirs
+            assert value.dtype == ref.dtype and torch.equal(value, ref) and value.is_contiguous()
+            assert value.requires_grad == ref.requires_grad
+    # a torch.stack of a batch of images from a loader thread starts an OpenMP team there
+    big = [torch.zeros(3, 224, 224, dtype=torch.uint8) for _ in range(32)]
+    new_tasks = []
+
+    def collate_in_a_thread() -> None:
+        before = set(os.listdir("/proc/self/task"))
+        run(Collate(IterableWrapper([big] * 3)))
+        new_tasks.append(set(os.listdir("/proc/self/task")) - before)
+
+    t = threading.Thread(target=collate_in_a_thread)
+    t.start()
+    t.join(timeout=30)
+    assert new_tasks == [set()]
+
+
 def test_collate_of_uneven_samples_explains():
     node = Collate(IterableWrapper([[torch.zeros(2), torch.zeros(3)]]), where="node 'c' (collate)")
     node.reset()
