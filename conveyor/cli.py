@@ -6,6 +6,7 @@
     conveyor bench SPEC [--seconds N] [--step-time MS] [--set k=v ...] [--trace FILE] [--report FILE]
     conveyor tune SPEC --param workers=1,2,4,8 [--param k=a,b] [--seconds N] [--rounds N]
                        [--write FILE] [--plot FILE.svg] [--report FILE.html]
+    conveyor check SPEC [--set k=v ...] [--out skipped.jsonl]   (conveyor/check.py)
     conveyor pack SRC DST [--shard-size 256MB]          (conveyor/pack.py)
 
 ``validate`` prints every problem as ``file:line:col: node 'x' (op): message`` and exits 1,
@@ -242,6 +243,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                     break
         elapsed = time.perf_counter() - t0
         stats = loader.stats()
+        if args.skipped:
+            from conveyor.check import write_ledger
+
+            ledger = loader.skipped()
+            write_ledger(args.skipped, ledger["entries"])
+            print(f"skipped: {ledger['count']} skip(s), {len(ledger['entries'])} sample(s) named in {args.skipped}",
+                  file=sys.stderr)
         rows = node_rows(loader, meter.raws, elapsed)
         root = meter.raws.get(plan.output, {}).get("seconds", 0.0)
     for name, entry in stats["nodes"].items():
@@ -294,6 +302,12 @@ def _bench_report(args: argparse.Namespace, plan: Plan, *, tune: Any = None, tit
                      inputs={n: list(node.inputs) for n, node in plan.nodes.items()}, tune=tune, title=title)
         print(f"report: written to {args.report} (one HTML file; open it in a browser)", file=sys.stderr)
     return result
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from conveyor.check import run
+
+    return run(args, _plan(args))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -380,7 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=int, default=None, help="stop after this many batches")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     run.add_argument("--trace", metavar="FILE", help="write a Chrome trace of per-node spans (bounded)")
+    run.add_argument("--skipped", metavar="FILE",
+                     help="write the ledger of skipped samples (on_error: skip) as JSON lines")
     run.set_defaults(func=cmd_run)
+
+    from conveyor import check as check_cmd
+
+    check_cmd.add_parser(sub, common).set_defaults(func=cmd_check)
 
     bench = sub.add_parser("bench", help="run the graph with no model: where the time goes, the bottleneck")
     common(bench)

@@ -110,6 +110,9 @@ def _build(plan: Plan, names: list[str], rank: int, world: int, worker: int, wor
                            where=f"node '{name}' ({p.op.name}) from {plan.path}:{p.line}",
                            seed=plan.seed, rank=rank, world=world, worker=worker, workers=workers)
         node = p.op.build(p.params, [built[i] for i in p.inputs], ctx)
+        ledger = getattr(node, "ledger", None)
+        if ledger is not None:  # skips are recorded under the node's name (Loader.skipped)
+            ledger.node = name
         built[name] = Counted(node, name)
     return built  # type: ignore[return-value]
 

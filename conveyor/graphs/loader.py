@@ -32,6 +32,7 @@ from conveyor.graphs.compile import Compiled, digest, summary
 from conveyor.graphs.even import agreement_for
 from conveyor.graphs.instrument import node_perf
 from conveyor.graphs.length import UnknownLength, epoch_length
+from conveyor.nodes._skips import gather
 
 log = logging.getLogger(__name__)
 
@@ -517,6 +518,26 @@ class Loader:
                 "even_batches": {"agreeing": self._agree is not None and self._agree.active is not False,
                                  "epochs_cut": self._epochs_cut,
                                  "this_epoch_cut": self._cut}}
+
+    def skipped(self) -> dict[str, Any]:
+        """The ledger of the samples ``on_error: skip`` left out, since the run began.
+
+        Returns:
+            ``{"count": skips in all, "entries": [...]}``; an entry is ``{"node", "sample",
+            "error", "message", "times"}`` (``sample`` names it: a path, ``shard#key``,
+            ``file:line``, an index; ``times``: how often it was skipped, once per epoch). The
+            first 1,000 distinct samples of each node are kept in full, the rest only counted.
+            The ledger is part of the state: a restored loader reports the skips before its
+            restore too, and worker copies' skips are in it.
+
+        Example:
+            >>> for e in loader.skipped()["entries"]:                 # doctest: +SKIP
+            ...     print(e["sample"], e["error"], e["message"])
+        """
+        if not self._started and self._pending is None:
+            return {"count": 0, "entries": []}  # nothing ran yet (and nothing is started to ask)
+        entries, count = gather(self.state_dict()["graph"])
+        return {"count": count, "entries": entries}
 
     def _perf(self, elapsed: float) -> dict[str, dict[str, Any]]:
         counted = self._c.nodes

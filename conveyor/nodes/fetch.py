@@ -28,7 +28,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
-from conveyor.nodes._skips import log_skip
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 from conveyor.storage import RetryPolicy, Storage
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,7 @@ class Fetch(BaseNode[dict]):
         self.storage = Storage(storage_options=storage_options, policy=policy, cache=cache,
                                cache_size=cache_size, threads=concurrency)
         self.skipped = 0
+        self.ledger = SkipLedger()
         self._emitted = 0
         self._window: collections.deque[_Entry] = collections.deque()
         self._source_done = False
@@ -133,6 +134,7 @@ class Fetch(BaseNode[dict]):
         else:
             self.source.reset(initial_state[self.SOURCE_KEY])
             self._emitted = initial_state[self.EMITTED_KEY]
+            self.ledger.load(initial_state.get(LEDGER_KEY))
 
     def _fill(self) -> None:
         while not self._source_done and len(self._window) < self.concurrency:
@@ -170,6 +172,7 @@ class Fetch(BaseNode[dict]):
                     exc.add_note(f"in {self.where}")
                     raise
                 self.skipped += 1
+                self.ledger.add(sample_id(entry.item), exc)
                 self._emitted += 1  # a skipped record counts as handled: it is not read again
                 log_skip(log, self.skipped, f"{self.where}: skipped a record ({exc})")
                 continue
@@ -183,4 +186,4 @@ class Fetch(BaseNode[dict]):
 
     def get_state(self) -> dict:
         before = self._window[0].before if self._window else self.source.state_dict()
-        return {self.SOURCE_KEY: before, self.EMITTED_KEY: self._emitted}
+        return {self.SOURCE_KEY: before, self.EMITTED_KEY: self._emitted, LEDGER_KEY: self.ledger.state()}

@@ -39,7 +39,7 @@ from conveyor.nodes._parent import watch_parent
 from conveyor.nodes._pool import OrderedThreads
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._threads import CarryErrors, Raised, portable, shutdown_torchdata
-from conveyor.nodes._skips import log_skip
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +82,20 @@ class _Failed:
     torchdata's receiving thread and hang ``next()``), else its text and traceback.
     """
 
-    __slots__ = ("exc", "text")
+    __slots__ = ("exc", "text", "sample", "kind")
 
-    def __init__(self, exc: BaseException | None, text: str | None = None):
+    def __init__(self, exc: BaseException | None, text: str | None = None, sample: str = "?",
+                 kind: str | None = None):
         self.exc = exc
         self.text = text if text is not None else f"{type(exc).__name__}: {exc}"
+        self.sample = sample  # the failed item, named for the skip ledger (_skips.sample_id)
+        self.kind = kind or (type(exc).__name__ if exc is not None else "Exception")
 
     def __reduce__(self) -> tuple:
         exc = None if self.exc is None else portable(self.exc)
         if exc is not self.exc:  # it cannot travel: its text and traceback do
-            return (_Failed, (None, str(exc) if exc is not None else self.text))
-        return (_Failed, (exc, self.text))
+            return (_Failed, (None, str(exc) if exc is not None else self.text, self.sample, self.kind))
+        return (_Failed, (exc, self.text, self.sample, self.kind))
 
 
 class _Call:
@@ -152,7 +155,7 @@ class _Call:
                 return self.fn(item, **self._randomness(pos, item), **self.args)
             return self.fn(item, **self.args)
         except Exception as exc:  # carried to the caller, re-raised or counted there
-            return _Failed(exc)
+            return _Failed(exc, sample=sample_id(item))
 
 
 class Map(BaseNode):
@@ -210,6 +213,7 @@ class Map(BaseNode):
         self.snapshot_every = snapshot_every
         self.ordered = ordered
         self.skipped = 0
+        self.ledger = SkipLedger()
         self._pm: ParallelMapper | None = None  # processes, or threads unordered
         self._pool: OrderedThreads | None = None  # threads, in order: persists across epochs
         if workers and method == "process":
@@ -240,6 +244,8 @@ class Map(BaseNode):
         self._stop_pm()  # (the ordered-threads pool stays: its threads outlive epochs)
         pm_state = None
         self.skipped = 0 if initial_state is None else initial_state.get(self.SKIPPED_KEY, 0)
+        if initial_state is not None:
+            self.ledger.load(initial_state.get(LEDGER_KEY))
         inline = self.workers == 0 or self._pool is not None  # the input is read in this thread
         if initial_state is None:
             if inline:
@@ -285,15 +291,17 @@ class Map(BaseNode):
             exc.add_note(f"in {self.where}")
             raise exc
         self.skipped += 1
+        self.ledger.add(failed.sample, failed.kind, failed.text)
         log_skip(log, self.skipped, f"{self.where}: skipped an item ({failed.text})")
 
     def get_state(self) -> dict:
         if self._pool is not None:
             src, skip = self._pool.position()
-            return {self.SOURCE_KEY: src, self.SKIP_KEY: skip, self.SKIPPED_KEY: self.skipped}
+            return {self.SOURCE_KEY: src, self.SKIP_KEY: skip, self.SKIPPED_KEY: self.skipped,
+                    LEDGER_KEY: self.ledger.state()}
         if self._pm is None:
             return {self.SOURCE_KEY: self.source.state_dict(), self.SKIP_KEY: 0,
-                    self.SKIPPED_KEY: self.skipped}
+                    self.SKIPPED_KEY: self.skipped, LEDGER_KEY: self.ledger.state()}
         it_state = self._pm.state_dict()[ParallelMapper.IT_STATE_KEY]
         return {self.SOURCE_KEY: it_state["snapshot"], self.SKIP_KEY: it_state["steps_since_snapshot"],
-                self.SKIPPED_KEY: self.skipped}
+                self.SKIPPED_KEY: self.skipped, LEDGER_KEY: self.ledger.state()}

@@ -19,7 +19,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
 from conveyor.nodes._lmdb import open_env
-from conveyor.nodes._skips import log_skip
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class ReadLmdb(BaseNode[dict]):
             raise ValueError(f"{out=} must be a field name")
         self.source, self.out, self.on_error = source, out, on_error
         self.skipped = 0
+        self.ledger = SkipLedger()
 
     def stats(self) -> dict[str, int]:
         return {"skipped": self.skipped}
@@ -63,6 +64,7 @@ class ReadLmdb(BaseNode[dict]):
         else:
             self.source.reset(initial_state[self.SOURCE_KEY])
             self.skipped = initial_state[self.SKIPPED_KEY]
+            self.ledger.load(initial_state.get(LEDGER_KEY))
 
     def next(self) -> dict:
         while True:
@@ -82,7 +84,9 @@ class ReadLmdb(BaseNode[dict]):
             if self.on_error == "raise":
                 raise SampleError(f"{why} (set on_error: skip to count and skip missing keys)")
             self.skipped += 1
+            self.ledger.add(f"{path}#{key}", "SampleError", why)
             log_skip(log, self.skipped, f"{why}; skipped")
 
     def get_state(self) -> dict:
-        return {self.SOURCE_KEY: self.source.state_dict(), self.SKIPPED_KEY: self.skipped}
+        return {self.SOURCE_KEY: self.source.state_dict(), self.SKIPPED_KEY: self.skipped,
+                LEDGER_KEY: self.ledger.state()}

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
-from conveyor.nodes._skips import log_skip
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class ReadParquet(BaseNode[dict]):
         self.on_error = on_error
         self.storage_options = storage_options
         self.skipped = self.skipped_files = self.files = 0
+        self.ledger = SkipLedger()
         self._file_state: dict | None = None
         self._file: dict | None = None
         self._pf: Any = None
@@ -146,6 +147,7 @@ class ReadParquet(BaseNode[dict]):
         if self.on_error == "raise":
             raise SampleError(f"read_parquet: {where}: {why} (set on_error: skip to count and skip bad files)")
         self.skipped_files += 1
+        self.ledger.add(where, "SampleError", why)
         log_skip(log, self.skipped + self.skipped_files, f"read_parquet: skipped {where}: {why}")
         return False
 
@@ -176,6 +178,7 @@ class ReadParquet(BaseNode[dict]):
             raise SampleError(f"read_parquet: {where}: {why}") from exc
         rows = self._pf.metadata.row_group(self._group).num_rows - self._row
         self.skipped += rows
+        self.ledger.add(f"{where} ({rows} rows)", exc, why)
         log_skip(log, self.skipped + self.skipped_files, f"read_parquet: skipped {rows} rows of {where}: {why}")
         self._batches, self._rows, self._i = None, [], 0
         return False
@@ -196,6 +199,7 @@ class ReadParquet(BaseNode[dict]):
         self.skipped = initial_state[self.SKIPPED_KEY]
         self.skipped_files = initial_state[self.SKIPPED_FILES_KEY]
         self.files = initial_state[self.FILES_KEY]
+        self.ledger.load(initial_state.get(LEDGER_KEY))
         self._group, self._row = initial_state[self.GROUP_KEY], initial_state[self.ROW_KEY]
         if initial_state[self.OPEN_KEY]:
             if not self._open(next(self.source)):
@@ -253,4 +257,5 @@ class ReadParquet(BaseNode[dict]):
     def get_state(self) -> dict:
         return {self.SOURCE_KEY: self._file_state, self.OPEN_KEY: self._pf is not None,
                 self.GROUP_KEY: self._group, self.ROW_KEY: self._row, self.SKIPPED_KEY: self.skipped,
-                self.SKIPPED_FILES_KEY: self.skipped_files, self.FILES_KEY: self.files}
+                self.SKIPPED_FILES_KEY: self.skipped_files, self.FILES_KEY: self.files,
+                LEDGER_KEY: self.ledger.state()}

@@ -1,0 +1,135 @@
+"""The ledger of skipped samples: which samples ``on_error: skip`` left out, by node, with the
+error; it survives a resume and comes back from worker copies; ``conveyor run --skipped`` and
+the ``conveyor check`` pre-flight write it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conveyor import cli, load_graph
+from conveyor.nodes._skips import SkipLedger, gather, sample_id
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "examples/data/imagenet-sample/train"
+BAD = {"n01440764/zz_truncated.JPEG", "n02102040/zz_empty.JPEG", "n02979186/zz_text.JPEG"}
+
+
+@pytest.fixture(scope="module")
+def dirty(tmp_path_factory) -> Path:
+    """Three classes of the sample (60 images) and three broken files among them."""
+    root = tmp_path_factory.mktemp("dirty") / "train"
+    for cls in ("n01440764", "n02102040", "n02979186"):
+        shutil.copytree(SAMPLE / cls, root / cls)
+    good = (SAMPLE / "n01440764" / "n01440764_10250.JPEG").read_bytes()
+    (root / "n01440764/zz_truncated.JPEG").write_bytes(good[: len(good) // 3])
+    (root / "n02102040/zz_empty.JPEG").write_bytes(b"")
+    (root / "n02979186/zz_text.JPEG").write_text("not an image at all\n")
+    return root
+
+
+def _spec(write_spec, root: Path, *, copies: str = "", on_error: str = "skip", name: str = "spec.yaml") -> Path:
+    return write_spec(f"""{copies}params: {{root: "{root.as_posix()}"}}
+nodes:
+  files:   {{op: list_files, url: "${{root}}/*/*.JPEG", label: parent_dir, shuffle: true}}
+  shard:   {{op: shard, by: [rank, worker]}}
+  decode:  {{op: map, fn: conveyor.image:eval_transform, args: {{size: 32, resize: 36}}, workers: 2,
+             on_error: {on_error}}}
+  batch:   {{op: batch, size: 8}}
+  collate: {{op: collate}}
+output: collate
+""", name=name)
+
+
+def _names(entries: list[dict]) -> set[str]:
+    return {str(Path(e["sample"]).relative_to(e["sample"].rsplit("/", 2)[0])) for e in entries}
+
+
+def test_skipped_names_each_bad_sample_with_its_node_and_error(dirty: Path, write_spec) -> None:
+    with load_graph(_spec(write_spec, dirty)) as loader:
+        assert loader.skipped() == {"count": 0, "entries": []}
+        n = sum(len(b["label"]) for b in loader)
+        ledger = loader.skipped()
+        assert n == 60 and ledger["count"] == 3 and loader.stats()["nodes"]["decode"]["skipped"] == 3
+        assert _names(ledger["entries"]) == BAD
+        assert {e["node"] for e in ledger["entries"]} == {"decode"}
+        assert {e["error"] for e in ledger["entries"]} == {"SampleError"}
+        assert all(e["times"] == 1 and Path(e["sample"]).name in e["message"] for e in ledger["entries"])
+        for _ in loader:  # a second epoch meets them again: counted, not listed twice
+            pass
+        again = loader.skipped()
+        assert again["count"] == 6 and len(again["entries"]) == 3 and {e["times"] for e in again["entries"]} == {2}
+
+
+def test_the_ledger_survives_a_resume_in_a_new_loader(dirty: Path, write_spec) -> None:
+    spec = _spec(write_spec, dirty)
+    with load_graph(spec) as loader:
+        seen, state = 0, None
+        for batch in loader:
+            seen += len(batch["label"])
+            if loader.skipped()["count"] >= 2 and state is None:
+                state = loader.state_dict()
+                before = loader.skipped()
+        total = loader.skipped()
+    assert state is not None and before["count"] == 2
+    path = Path(spec).with_suffix(".pt")
+    torch.save(json.loads(json.dumps(state)), path)
+    with load_graph(spec) as resumed:
+        resumed.load_state_dict(torch.load(path))
+        assert resumed.skipped() == before  # known before the first batch after the restore
+        for _ in resumed:
+            pass
+        assert resumed.skipped() == total
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_worker_copies_report_their_skips(dirty: Path, write_spec, method: str) -> None:
+    copies = f"workers: {{copies: 2, method: {method}, until: decode}}\n"
+    with load_graph(_spec(write_spec, dirty, copies=copies, name=f"{method}.yaml")) as loader:
+        assert sum(len(b["label"]) for b in loader) == 60
+        ledger = loader.skipped()
+    assert ledger["count"] == 3 and _names(ledger["entries"]) == BAD
+
+
+def test_the_ledger_keeps_its_first_samples_and_counts_the_rest() -> None:
+    ledger = SkipLedger("decode", limit=3)
+    for i in range(5):
+        ledger.add(f"s{i}", ValueError("bad " + "x" * 400))
+    ledger.add("s0", "SampleError", "again")
+    state = json.loads(json.dumps(ledger.state()))
+    assert state["count"] == 6 and [e[0] for e in state["entries"]] == ["s0", "s1", "s2"]
+    assert state["entries"][0][1:] == ["ValueError", "bad " + "x" * 296, 2]  # messages are cut
+    copy = SkipLedger()
+    copy.load(state)
+    entries, count = gather({"a": {"ledger": copy.state()}, "b": [{"ledger": state}]})
+    assert count == 12 and [e["times"] for e in entries] == [4, 2, 2]
+    assert sample_id({"__url__": "s3://b/shard-0.tar", "__key__": "k1", "index": 9}) == "s3://b/shard-0.tar#k1"
+    assert sample_id({"file": "a.parquet", "row": 4}) == "a.parquet row 4"
+    assert sample_id({"lmdb": "/d/x.lmdb", "key": "c/k"}) == "/d/x.lmdb#c/k"
+    assert sample_id({"index": 3}) == "index 3" and sample_id(17) == "17"
+
+
+@pytest.mark.timeout(120)
+def test_run_writes_the_ledger_and_check_finds_every_bad_sample(dirty: Path, write_spec, tmp_path: Path,
+                                                                capsys) -> None:
+    spec = _spec(write_spec, dirty)
+    out = tmp_path / "run.jsonl"
+    assert cli.main(["run", str(spec), "-q", "--skipped", str(out)]) == 0
+    assert f"skipped: 3 skip(s), 3 sample(s) named in {out}" in capsys.readouterr().err
+    assert _names([json.loads(line) for line in out.read_text().splitlines()]) == BAD
+    # the pre-flight, on a spec that would raise at the first bad image
+    strict = _spec(write_spec, dirty, on_error="raise", name="strict.yaml")
+    ledger = tmp_path / "check.jsonl"
+    assert cli.main(["check", str(strict), "--out", str(ledger)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"check {strict}: 63 samples through the readers and maps up to 'decode' in ")
+    assert lines[0].endswith(": 60 ok, 3 failed") and lines[1] == "  decode: SampleError x3"
+    assert lines[-1] == f"ledger: 3 sample(s) written to {ledger}"
+    assert _names([json.loads(line) for line in ledger.read_text().splitlines()]) == BAD
+    # a clean dataset passes, and the bundled spec is checked whole (no batch left over)
+    assert cli.main(["check", str(ROOT / "specs/imagenet.yaml"), "--out", str(tmp_path / "clean.jsonl")]) == 0
+    assert ": 200 ok, 0 failed" in capsys.readouterr().out.splitlines()[0]
