@@ -534,9 +534,9 @@ class Loader:
             >>> for e in loader.skipped()["entries"]:                 # doctest: +SKIP
             ...     print(e["sample"], e["error"], e["message"])
         """
-        if not self._started and self._pending is None:
+        if not self._started:
             return {"count": 0, "entries": []}  # nothing ran yet (and nothing is started to ask)
-        entries, count = gather(self.state_dict()["graph"])
+        entries, count = gather(self._rank_state()["graph"])
         return {"count": count, "entries": entries}
 
     def _perf(self, elapsed: float) -> dict[str, dict[str, Any]]:
