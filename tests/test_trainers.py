@@ -279,3 +279,14 @@ def test_show_batch_prints_the_first_batch_structure(capsys):
     out = capsys.readouterr().out
     assert "first batch of epoch 0 (10 batches per epoch on this rank):" in out
     assert "  x  tensor float32 [4, 4]  min " in out and "  index  tensor int64 [4]  min " in out
+
+
+def test_len_of_a_map_style_dataset_source_with_an_explicit_shard(write_spec):
+    spec = write_spec("nodes:\n"
+                      "  samples: {op: dataset, dataset: 'byo_fns:Squares', args: {n: 22}, sampler: shuffle}\n"
+                      "  shard:   {op: shard, rank: 1, world: 3, equalize: drop}\n"
+                      "  load:    {op: map, fn: conveyor.dataset:getitem}\n"
+                      "  batch:   {op: batch, size: 4}\n"
+                      "  collate: {op: collate}\n")
+    with load_graph(spec) as loader:
+        assert len(loader) == 2 == sum(1 for _ in loader)  # 22 -> 7 per rank (drop) -> 2 batches
