@@ -133,3 +133,31 @@ def test_run_writes_the_ledger_and_check_finds_every_bad_sample(dirty: Path, wri
     # a clean dataset passes, and the bundled spec is checked whole (no batch left over)
     assert cli.main(["check", str(ROOT / "specs/imagenet.yaml"), "--out", str(tmp_path / "clean.jsonl")]) == 0
     assert ": 200 ok, 0 failed" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_readers_name_bad_lines_and_shard_members(tmp_path: Path, write_spec) -> None:
+    import io
+    import tarfile
+
+    (tmp_path / "a.jsonl").write_text('{"text": "ok"}\nnot json\n{"text": "fine"}\n{"nope": 1}\n')
+    shard = tmp_path / "s-0.tar"
+    with tarfile.open(shard, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in (("k1.jpg", b"x"), ("k1.cls", b"1"), ("k2.jpg", b"y")):  # k2 has no .cls
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    spec = write_spec(f"""
+nodes:
+  files: {{op: list_files, url: "{tmp_path.as_posix()}/*.jsonl"}}
+  read:  {{op: read_jsonl, on_error: skip}}
+  shards: {{op: list_files, url: "{tmp_path.as_posix()}/*.tar"}}
+  tar:   {{op: read_tar, fields: [jpg, cls], on_error: skip}}
+  both:  {{op: mix, input: [read, tar], weights: [1, 1], stop: all}}
+output: both
+""")
+    with load_graph(spec) as loader:
+        assert len(list(loader)) == 3
+        ledger = loader.skipped()
+    got = {(e["node"], e["sample"].replace(tmp_path.as_posix() + "/", "")) for e in ledger["entries"]}
+    assert got == {("read", "a.jsonl:2"), ("read", "a.jsonl:4"), ("tar", "s-0.tar#k2")}
+    assert ledger["count"] == 3

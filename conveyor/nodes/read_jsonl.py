@@ -43,7 +43,7 @@ import fsspec
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
-from conveyor.nodes._skips import log_skip
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 
 try:  # a faster parser where installed; the standard library decides about what it refuses
     from orjson import loads as _fast_loads
@@ -104,6 +104,7 @@ class ReadJsonl(BaseNode[dict]):
         self.encoding = encoding
         self.storage_options = storage_options
         self.skipped = 0
+        self.ledger = SkipLedger()
         self.files = 0
         self._file_state: dict | None = None  # input state before the open file's record
         self._file: dict | None = None         # the open file's record
@@ -161,6 +162,7 @@ class ReadJsonl(BaseNode[dict]):
         self._file_state = initial_state[self.SOURCE_KEY]
         self.source.reset(self._file_state)
         self.skipped = initial_state[self.SKIPPED_KEY]
+        self.ledger.load(initial_state.get(LEDGER_KEY))
         self.files = initial_state[self.FILES_KEY]
         self._line = initial_state[self.LINE_KEY]
         self._offset = 0
@@ -235,6 +237,7 @@ class ReadJsonl(BaseNode[dict]):
         if self.on_error == "raise":
             raise SampleError(f"{where}: {why} (set on_error: skip to count and skip bad lines)")
         self.skipped += 1
+        self.ledger.add(where, "SampleError", why)
         log_skip(log, self.skipped, f"read_jsonl: skipped {where}: {why}")
 
     def _parse(self, raw: bytes) -> dict | None:
@@ -281,4 +284,4 @@ class ReadJsonl(BaseNode[dict]):
     def get_state(self) -> dict:
         return {self.SOURCE_KEY: self._file_state, self.OPEN_KEY: self._fh is not None,
                 self.OFFSET_KEY: self._offset, self.LINE_KEY: self._line, self.SKIPPED_KEY: self.skipped,
-                self.FILES_KEY: self.files}
+                self.FILES_KEY: self.files, LEDGER_KEY: self.ledger.state()}

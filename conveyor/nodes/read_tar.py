@@ -43,6 +43,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.errors import ConveyorError, SampleError
 from conveyor.nodes._tar import BLOCK, Shard, sample_problem
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger
 from conveyor.storage import RetryPolicy, Storage, redact
 from conveyor.storage_errors import NOT_FOUND, classify
 
@@ -120,6 +121,7 @@ class ReadTar(BaseNode[dict]):
         self.fields = [tuple(f.lower().split(";")) for f in fields or ()]
         self.skipped_shards = 0
         self.skipped_samples = 0
+        self.ledger = SkipLedger()
         self._counts: dict[str, dict[str, int] | None] = {}  # folder -> index.json's counts
         self._shard: Shard | None = None
         self._next: _Next | None = None
@@ -186,6 +188,7 @@ class ReadTar(BaseNode[dict]):
             self.source.reset()
             return
         self.source.reset(initial_state[self.SOURCE_KEY])
+        self.ledger.load(initial_state.get(LEDGER_KEY))
         self._shards_seen = initial_state[self.SHARDS_KEY]
         if initial_state[self.OFFSET_KEY] >= 0:
             self._open_next(initial_state[self.OFFSET_KEY], initial_state[self.POS_KEY])
@@ -226,15 +229,17 @@ class ReadTar(BaseNode[dict]):
                                                       block_size=self.block_size,
                                                       read_ahead=self.read_ahead)
         except SampleError as exc:
-            self._failed(exc)
+            self._failed(exc, nxt.url)
             return
         self._shard = Shard(reader, nxt.url, offset)
 
-    def _failed(self, exc: SampleError) -> None:
+    def _failed(self, exc: SampleError, url: str) -> None:
         self._close_shard()
         if self.on_error == "raise":
             raise exc
         self.skipped_shards += 1
+        self.ledger.add(redact(url, self.storage.options) + " (the rest of the shard)", exc,
+                        redact(str(exc), self.storage.options))
         log.warning("%s: skipped the rest of a shard (%s)", self.where,
                     redact(str(exc), self.storage.options))
 
@@ -255,7 +260,7 @@ class ReadTar(BaseNode[dict]):
             try:
                 sample = shard.sample()
             except SampleError as exc:
-                self._failed(exc)
+                self._failed(exc, shard.url)
                 continue
             if shard.done:  # closed now: a state taken here points past this shard
                 self._close_shard()
@@ -275,12 +280,14 @@ class ReadTar(BaseNode[dict]):
             if problem is None:
                 return sample
             if shard.pending is not None:  # the shard's fault (cut short, say), not the sample's
-                self._failed(shard.pending)
+                self._failed(shard.pending, shard.url)
                 continue
             exc = SampleError(f"{shard.url}: sample {sample['__key__']!r} at byte {at}: {problem}")
             if self.on_error == "raise":
                 raise exc
             self.skipped_samples += 1
+            self.ledger.add(redact(f"{shard.url}#{sample['__key__']}", self.storage.options), exc,
+                            redact(str(exc), self.storage.options))
             log.warning("%s: skipped a sample (%s)", self.where, redact(str(exc), self.storage.options))
 
     def _check_count(self, url: str, read: int) -> None:
@@ -288,12 +295,12 @@ class ReadTar(BaseNode[dict]):
         expected = self._expected(url)
         if expected is not None and read != expected:
             self._failed(SampleError(f"{url}: {read} samples read, but {INDEX_NAME} lists "
-                                     f"{expected}: the shard is truncated or was replaced"))
+                                     f"{expected}: the shard is truncated or was replaced"), url)
 
     def get_state(self) -> dict:
         if self._shard is None:
             source = self._next.before if self._next is not None else self.source.state_dict()
             return {self.SOURCE_KEY: source, self.OFFSET_KEY: -1, self.POS_KEY: 0,
-                    self.SHARDS_KEY: self._shards_seen}
+                    self.SHARDS_KEY: self._shards_seen, LEDGER_KEY: self.ledger.state()}
         return {self.SOURCE_KEY: self._before, self.OFFSET_KEY: self._shard.offset,
-                self.POS_KEY: self._pos, self.SHARDS_KEY: self._shards_seen - 1}
+                self.POS_KEY: self._pos, self.SHARDS_KEY: self._shards_seen - 1, LEDGER_KEY: self.ledger.state()}
