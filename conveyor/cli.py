@@ -8,6 +8,7 @@
                        [--write FILE] [--plot FILE.svg] [--report FILE.html]
     conveyor check SPEC [--set k=v ...] [--out skipped.jsonl]   (conveyor/check.py)
     conveyor pack SRC DST [--shard-size 256MB]          (conveyor/pack.py)
+    conveyor ops [OP]                                   (conveyor/reference.py)
 
 ``validate`` prints every problem as ``file:line:col: node 'x' (op): message`` and exits 1,
 or prints ``ok`` and the nodes and exits 0. Spec errors exit 1 from every command; bad
@@ -439,6 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--batch", action="store_true",
                       help="also build the loader and print its first batch: keys, shapes, dtypes, ranges")
     show.set_defaults(func=cmd_show)
+
+    from conveyor import reference  # conveyor ops [OP]: the reference, from the op registry
+
+    reference.add_parser(sub)
 
     # --- conveyor pack (conveyor/pack.py, another module's command): added when present ---
     try:

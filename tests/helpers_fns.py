@@ -114,3 +114,10 @@ def two_arg_error_on_three(item):
 def takes_any(item, **kwargs):
     """Accepts any keyword arguments (for specs that test params, not the call)."""
     return item
+
+
+def indexes(batch):
+    """The ``index`` of each record of a batch, as a tensor."""
+    import torch
+
+    return torch.tensor([r["index"] for r in batch])

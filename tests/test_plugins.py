@@ -1,14 +1,37 @@
-"""Third-party ops through the ``conveyor.ops`` entry-point group: a broken plug-in is a
-warning naming it, and every other op and command keeps working."""
+"""Third-party ops through the ``conveyor.ops`` entry-point group: examples/plugin_op installs
+and its op is listed, checked, run and resumed; a broken plug-in is a warning naming it, and
+every other op and command keeps working."""
 
 from __future__ import annotations
 
-import os
+import logging
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from conveyor import cli, load_graph
+from conveyor.graphs import registry
+from resume_check import check_resume
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A folder on sys.path where distributions are installed, and a registry that reads the
+    entry points again (and forgets them after the test)."""
+    path = tmp_path / "site"
+    path.mkdir()
+    monkeypatch.syspath_prepend(str(path))
+    monkeypatch.setattr(registry, "_EXTRA", {})
+    monkeypatch.setattr(registry, "_LOADED", {})
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_READ", False)
+    yield path
+    for mod in [m for m in sys.modules if m.startswith(("conveyor_repeat", "broken_plugin_mod", "notop_mod"))]:
+        del sys.modules[mod]
 
 
 def _fake_dist(site: Path, name: str, entry_points: str, modules: dict[str, str]) -> None:
@@ -21,19 +44,42 @@ def _fake_dist(site: Path, name: str, entry_points: str, modules: dict[str, str]
         (site / f"{mod}.py").write_text(text)
 
 
-def _conveyor(site: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
-    return subprocess.run([sys.executable, "-m", "conveyor", *args], env=env, capture_output=True,
-                          text=True, timeout=60, cwd=ROOT)
-
-
-def test_a_plugin_that_fails_to_import_is_a_warning_naming_it(tmp_path):
-    _fake_dist(tmp_path, "broken_plugin", "broken = broken_plugin_mod:OP\nnotop = notop_mod:OP",
+def test_a_plugin_that_fails_to_import_is_a_warning_naming_it(site, capsys, caplog):
+    _fake_dist(site, "broken_plugin", "broken = broken_plugin_mod:OP\nnotop = notop_mod:OP",
                {"broken_plugin_mod": "import no_such_module_4b1\n", "notop_mod": "OP = 3\n"})
-    out = _conveyor(tmp_path, "validate", "specs/numbers.yaml")
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("ok: specs/numbers.yaml")
-    assert "conveyor.ops plugin 'broken' (broken_plugin_mod:OP) failed to load, so op 'broken' is not " \
-           "available: ModuleNotFoundError: No module named 'no_such_module_4b1'" in out.stderr
-    assert "conveyor.ops plugin 'notop' (notop_mod:OP) is ignored: it loads a int, not an OpSpec" in out.stderr
-    assert "Traceback" not in out.stderr
+    with caplog.at_level(logging.WARNING, logger="conveyor.graphs.registry"):
+        assert cli.main(["validate", str(ROOT / "specs/numbers.yaml")]) == 0
+        assert cli.main(["ops"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ok: ") and "\nshuffle_buffer " in out and "broken" not in out
+    assert caplog.messages == [
+        "conveyor.ops plugin 'broken' (broken_plugin_mod:OP) failed to load, so op 'broken' is not "
+        "available: ModuleNotFoundError: No module named 'no_such_module_4b1'",
+        "conveyor.ops plugin 'notop' (notop_mod:OP) is ignored: it loads a int, not an OpSpec"]
+
+
+def test_the_example_plugin_installs_and_its_op_is_listed_checked_and_resumed(site, tmp_path, capsys):
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "examples/plugin_op", src)  # pip writes build files next to the source
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--no-index", "--target", str(site), str(src)], capture_output=True, text=True,
+                         timeout=120)
+    assert pip.returncode == 0, pip.stderr
+    assert (site / "conveyor_repeat-0.1.0.dist-info/entry_points.txt").exists()
+    assert cli.main(["ops"]) == 0
+    assert "repeat          yield each item `times` times in a row" in capsys.readouterr().out.splitlines()
+    assert cli.main(["ops", "repeat"]) == 0
+    assert "  times  an int (>= 1), default 2\n         copies of each item, in a row" in capsys.readouterr().out
+    spec = tmp_path / "twice.yaml"
+    spec.write_text(
+        "nodes:\n"
+        f"  files: {{op: list_files, url: '{ROOT}/examples/data/numbers/even/*.txt'}}\n"
+        "  twice: {op: repeat, times: 3}\n"
+        "  batch: {op: batch, size: 4}\n"
+        "  out:   {op: map, fn: helpers_fns:indexes}\n")
+    assert cli.main(["validate", str(spec), "--set", "twice.times=0"]) == 1
+    assert "node 'twice' (repeat): param 'times': expected a positive int, got 0" in capsys.readouterr().err
+    with load_graph(spec) as loader:
+        batches = [b.tolist() for b in loader]
+    assert batches[:3] == [[0, 0, 0, 1], [1, 1, 2, 2], [2, 3, 3, 3]] and len(batches) == 15
+    assert check_resume(lambda: load_graph(spec), epochs=2, steps=[0, 1, 2, 3, 14, 15, 22]) == 30

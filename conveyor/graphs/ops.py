@@ -77,7 +77,7 @@ class ListFilesParams:
     url: str = param(doc="fsspec glob: local path, file://, s3://...")
     label: Label | None = param(None, doc="parent_dir: class index from the parent folder")
     shuffle: bool = param(False, doc="permute the whole listing each epoch")
-    seed: int | None = param(None)
+    seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
     storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
 
 
@@ -116,7 +116,7 @@ def _build_shard(p: ShardParams, inputs: list[BaseNode], ctx: BuildContext) -> B
 @dataclass(frozen=True)
 class ShuffleBufferParams:
     size: int = param(min=1, doc="items per shuffle window")
-    seed: int | None = param(None)
+    seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
 
 
 def _build_shuffle(p: ShuffleBufferParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
@@ -130,9 +130,9 @@ class MapParams:
     args: dict = param(factory=dict, doc="keyword arguments for each call, checked against fn's signature")
     init: dict | None = param(None, doc="when fn is a class: keyword arguments for its constructor")
     workers: int = param(0, min=0, doc="0 = inline")
-    method: Method = param(Method.thread)
-    on_error: OnError = param(OnError.raise_)
-    seed: int | None = param(None)
+    method: Method = param(Method.thread, doc="thread (Pillow and torch release the GIL) | process (pure-Python fns)")
+    on_error: OnError = param(OnError.raise_, doc="raise: the error, with the node named; skip: count and drop the item")
+    seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
     ordered: bool = param(True, doc="false: unordered results, not resumable")
     mp_context: str | None = param(None, doc="spawn | fork | forkserver, for method: process")
     snapshot_every: int = param(16, min=1, doc="input state taken every N items (restore re-reads <= N)")
@@ -196,8 +196,8 @@ def _build_filter(p: FilterParams, inputs: list[BaseNode], ctx: BuildContext) ->
 
 @dataclass(frozen=True)
 class BatchParams:
-    size: int = param(min=1)
-    drop_last: bool = param(False)
+    size: int = param(min=1, doc="items per batch")
+    drop_last: bool = param(False, doc="drop the last, shorter batch of each epoch")
 
 
 def _build_batch(p: BatchParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
@@ -224,8 +224,8 @@ def _build_pin(p: PinMemoryParams, inputs: list[BaseNode], ctx: BuildContext) ->
 
 @dataclass(frozen=True)
 class PrefetchParams:
-    depth: int = param(2, min=1)
-    snapshot_every: int = param(1, min=1)
+    depth: int = param(2, min=1, doc="items made ahead")
+    snapshot_every: int = param(1, min=1, doc="input state taken every N items (restore re-reads <= N)")
 
 
 def _build_prefetch(p: PrefetchParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
@@ -235,7 +235,7 @@ def _build_prefetch(p: PrefetchParams, inputs: list[BaseNode], ctx: BuildContext
 @dataclass(frozen=True)
 class ToDeviceParams:
     device: str = param("cuda", doc="cuda, cuda:N; passes through without CUDA")
-    non_blocking: bool = param(True)
+    non_blocking: bool = param(True, doc="asynchronous copies (from pinned memory)")
 
 
 def _build_to_device(p: ToDeviceParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
@@ -245,8 +245,8 @@ def _build_to_device(p: ToDeviceParams, inputs: list[BaseNode], ctx: BuildContex
 @dataclass(frozen=True)
 class MixParams:
     weights: list[float] = param(doc="one weight per input")
-    stop: Stop = param(Stop.all)
-    seed: int | None = param(None)
+    stop: Stop = param(Stop.all, doc="all: until every input ends | first: at the first end | forever: restart ended inputs")
+    seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
 
 
 def _build_mix(p: MixParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
@@ -263,17 +263,39 @@ def _check_mix(p: MixParams, n_inputs: int) -> list[tuple[str, str]]:
 
 
 LIST_FILES = OpSpec("list_files", ListFilesParams, _build_list_files, "none",
-                    "files matching a glob, sorted, as {path, label, index}")
-SHARD = OpSpec("shard", ShardParams, _build_shard, "one", "keep this rank's share")
+                    "files matching a glob, sorted, as {path, label, index}",
+                    items_in='', items_out='{path, label, index} per file, sorted by path',
+                    example='files: {op: list_files, url: "${root}/*/*.JPEG", label: parent_dir, shuffle: true}')
+SHARD = OpSpec("shard", ShardParams, _build_shard, "one", "keep this rank's share",
+               items_in='any items', items_out="the same items: this rank's share (and this worker copy's)",
+               example='shard: {op: shard, by: [rank, worker]}')
 SHUFFLE_BUFFER = OpSpec("shuffle_buffer", ShuffleBufferParams, _build_shuffle, "one",
-                        "shuffle within windows of `size` items")
+                        "shuffle within windows of `size` items",
+                        items_in='any items (small records: shuffle before decoding)', items_out='the same items, shuffled within windows',
+                        example='shuffle: {op: shuffle_buffer, size: 10000}')
 MAP = OpSpec("map", MapParams, _build_map, "one", "fn over items, in order, in threads or processes",
-             _check_map)
-FILTER = OpSpec("filter", FilterParams, _build_filter, "one", "drop items where fn is false", _check_filter)
-BATCH = OpSpec("batch", BatchParams, _build_batch, "one", "lists of `size` items")
-COLLATE = OpSpec("collate", NoParams, _build_collate, "one", "stack samples (default_collate)")
-PIN_MEMORY = OpSpec("pin_memory", PinMemoryParams, _build_pin, "one", "page-locked memory on CUDA")
-PREFETCH = OpSpec("prefetch", PrefetchParams, _build_prefetch, "one", "background thread, bounded queue")
+             _check_map,
+             items_in='any items', items_out='what fn returns for each',
+             example='decode: {op: map, fn: conveyor.image:train_transform, args: {size: 224}, workers: 4}')
+FILTER = OpSpec("filter", FilterParams, _build_filter, "one", "drop items where fn is false", _check_filter,
+                items_in='any items', items_out='the items fn keeps (the rest are counted as filtered)',
+                example='keep: {op: filter, fn: mypkg.rules:long_enough, args: {min_len: 16}}')
+BATCH = OpSpec("batch", BatchParams, _build_batch, "one", "lists of `size` items",
+               items_in='any items', items_out='lists of size items (the last may be shorter unless drop_last)',
+               example='batch: {op: batch, size: 32, drop_last: true}')
+COLLATE = OpSpec("collate", NoParams, _build_collate, "one", "stack samples (default_collate)",
+                 items_in='lists of samples (after batch)', items_out='a batch: tensors stacked, dicts and tuples field by field',
+                 example='collate: {op: collate}')
+PIN_MEMORY = OpSpec("pin_memory", PinMemoryParams, _build_pin, "one", "page-locked memory on CUDA",
+                    items_in='batches', items_out='the same batches, in page-locked memory on CUDA',
+                    example='pin: {op: pin_memory}')
+PREFETCH = OpSpec("prefetch", PrefetchParams, _build_prefetch, "one", "background thread, bounded queue",
+                  items_in='any items', items_out='the same items, made ahead in a background thread',
+                  example='out: {op: prefetch, depth: 4}')
 TO_DEVICE = OpSpec("to_device", ToDeviceParams, _build_to_device, "one",
-                   "copy batches to a GPU on a side stream, one ahead")
-MIX = OpSpec("mix", MixParams, _build_mix, "many", "weighted sampling over inputs", _check_mix)
+                   "copy batches to a GPU on a side stream, one ahead",
+                   items_in='batches', items_out='the same batches on the device',
+                   example='gpu: {op: to_device, device: cuda}')
+MIX = OpSpec("mix", MixParams, _build_mix, "many", "weighted sampling over inputs", _check_mix,
+             items_in='several streams (input: [a, b])', items_out='their items, interleaved at random by weight',
+             example='mixed: {op: mix, input: [cats, dogs], weights: [0.5, 0.5], stop: first}')

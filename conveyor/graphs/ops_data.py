@@ -103,7 +103,9 @@ def _build_dataset(p: DatasetParams, inputs: list[BaseNode], ctx: BuildContext) 
 
 DATASET = OpSpec("dataset", DatasetParams, _build_dataset, "none",
                  "indexes of a map-style Dataset (torch, Hugging Face, any __len__/__getitem__), "
-                 "sampled per epoch; read them with map fn: conveyor.dataset:getitem", _check_dataset)
+                 "sampled per epoch; read them with map fn: conveyor.dataset:getitem", _check_dataset,
+                 items_in='', items_out='{index, dataset} per draw; map fn conveyor.dataset:getitem turns it into dataset[index]',
+                 example='samples: {op: dataset, dataset: mypkg.data:Cifar, args: {root: "${spec_dir}/cifar"}, sampler: shuffle}')
 
 
 @dataclass(frozen=True)
@@ -140,4 +142,6 @@ def _build_iterable(p: IterableParams, inputs: list[BaseNode], ctx: BuildContext
 
 ITERABLE = OpSpec("iterable", IterableParams, _build_iterable, "none",
                   "items of an IterableDataset (torch, Hugging Face) or any iterable; resumed through its "
-                  "state_dict when it has one, else by re-reading and skipping", _check_iterable)
+                  "state_dict when it has one, else by re-reading and skipping", _check_iterable,
+                  items_in='', items_out="the iterable's items, as it yields them",
+                  example='stream: {op: iterable, iterable: mypkg.data:make_stream, args: {split: train}}')

@@ -55,7 +55,7 @@ class ListLmdbParams:
     stop: str | None = param(None, doc="the key to stop before (exclusive)")
     label: Label | None = param(None, doc="parent_dir: class index from the key's parent 'folder'")
     shuffle: bool = param(False, doc="permute the whole listing each epoch")
-    seed: int | None = param(None)
+    seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
 
 
 def _build_list_lmdb(p: ListLmdbParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
@@ -91,10 +91,16 @@ def _build_read_lmdb(p: ReadLmdbParams, inputs: list[BaseNode], ctx: BuildContex
 
 
 READ_PARQUET = OpSpec("read_parquet", ReadParquetParams, _build_read_parquet, "one",
-                      "rows of Parquet files (pyarrow), by row group, resumable mid-file", _check_read_parquet)
+                      "rows of Parquet files (pyarrow), by row group, resumable mid-file", _check_read_parquet,
+                      items_in='file records {path, ...} (list_files)', items_out='one dict per row, by column',
+                      example='rows: {op: read_parquet, columns: [text, label]}')
 LIST_LMDB = OpSpec("list_lmdb", ListLmdbParams, _build_list_lmdb, "none",
                    "keys of a local LMDB environment in key order, as {lmdb, key, label, index}",
-                   _check_list_lmdb)
+                   _check_list_lmdb,
+                   items_in='', items_out='{lmdb, key, label, index} per key, in key order',
+                   example='keys: {op: list_lmdb, path: "${root}/train.lmdb", shuffle: true}')
 READ_LMDB = OpSpec("read_lmdb", ReadLmdbParams, _build_read_lmdb, "one",
                    "each key record's value from its LMDB environment, lock-free readers",
-                   _check_read_lmdb)
+                   _check_read_lmdb,
+                   items_in='key records (list_lmdb)', items_out="the same records with the value's bytes under out",
+                   example='values: {op: read_lmdb}')

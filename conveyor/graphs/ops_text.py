@@ -41,7 +41,7 @@ class ReadJsonlParams:
     format: LineFormat = param(LineFormat.jsonl, doc="jsonl: a JSON object per line; lines: plain text")
     field: str | None = param("text", doc="field every record needs, non-empty (null: no check)")
     on_error: OnError = param(OnError.raise_, doc="raise: SampleError naming file:line; skip: count it")
-    encoding: str = param("utf-8")
+    encoding: str = param("utf-8", doc="the files' text encoding")
     storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
 
 
@@ -73,7 +73,7 @@ class BucketBatchParams:
     auto_buckets: int = param(8, min=1, doc="buckets that boundaries: auto makes")
     auto_sample: int = param(1000, min=1, doc="items boundaries: auto looks at")
     max_pending: int | None = param(None, min=1, doc="most input items a restore replays")
-    seed: int | None = param(None)
+    seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
 
 
 def _build_bucket_batch(p: BucketBatchParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
@@ -131,8 +131,8 @@ class PadCollateParams:
     fields: list[str | int] | None = param(None, doc="fields (or tuple positions) to pad; default: "
                                                      "every 1-D sequence field")
     pad_value: int | float | dict = param(0, doc="a number, or a mapping field -> number")
-    side: Side = param(Side.right)
-    pad_to_multiple_of: int | None = param(None, min=1)
+    side: Side = param(Side.right, doc="right | left: where the padding goes")
+    pad_to_multiple_of: int | None = param(None, min=1, doc="pad lengths up to a multiple of N (tensor cores like 8)")
 
 
 def _build_pad_collate(p: PadCollateParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
@@ -157,9 +157,15 @@ def _check_pad_collate(p: PadCollateParams, n_inputs: int) -> list[tuple[str, st
 
 
 READ_JSONL = OpSpec("read_jsonl", ReadJsonlParams, _build_read_jsonl, "one",
-                    "records of JSONL / text-line files, resumable mid-file", _check_read_jsonl)
+                    "records of JSONL / text-line files, resumable mid-file", _check_read_jsonl,
+                    items_in='file records {path, ...} (list_files)', items_out='one dict per line (format: lines: {text})',
+                    example='records: {op: read_jsonl, field: text}')
 BUCKET_BATCH = OpSpec("bucket_batch", BucketBatchParams, _build_bucket_batch, "one",
-                      "batches of similar lengths from sorted per-bucket pools", _check_bucket_batch)
+                      "batches of similar lengths from sorted per-bucket pools", _check_bucket_batch,
+                      items_in='samples with a length field (input_ids)', items_out='lists of samples of similar lengths',
+                      example='buckets: {op: bucket_batch, boundaries: [64, 128, 256, 512], max_tokens: 8192}')
 PAD_COLLATE = OpSpec("pad_collate", PadCollateParams, _build_pad_collate, "one",
                      "pad sequences to the batch's longest; adds lengths and attention_mask",
-                     _check_pad_collate)
+                     _check_pad_collate,
+                     items_in='lists of samples with sequence fields', items_out='a batch: padded tensors plus lengths and attention_mask',
+                     example='pad: {op: pad_collate, fields: [input_ids], pad_value: 0}')

@@ -47,6 +47,9 @@ class OpSpec:
         length: optional ``length(params, input_counts, where, source_count) -> int | None``,
             the node's items per epoch for ``len(loader)`` (see graphs/length.py); the
             built-in ops have theirs in ``length.LENGTH``.
+        items_in: what the op reads, for the reference (``conveyor ops OP``, docs/ops.md).
+        items_out: what it yields.
+        example: one spec line using it, ``name: {op: ..., ...}``.
     """
 
     name: str
@@ -56,6 +59,9 @@ class OpSpec:
     doc: str = ""
     check: Callable[[Any, int], list[tuple[str, str]]] | None = None
     length: Callable[..., int | None] | None = None
+    items_in: str = ""
+    items_out: str = ""
+    example: str = ""
 
 
 def param(default: Any = dataclasses.MISSING, *, min: float | None = None, doc: str = "",
@@ -133,6 +139,11 @@ def register(spec: OpSpec, *, clobber: bool = False) -> None:
         raise ConveyorError(f"op '{spec.name}' is already registered; pass clobber=True to replace it")
     _EXTRA[spec.name] = spec
     _LOADED.pop(spec.name, None)
+
+
+def builtin_op_names() -> list[str]:
+    """The ops that ship with conveyor, sorted (no plug-ins)."""
+    return sorted(_BUILTIN)
 
 
 def op_names() -> list[str]:
