@@ -44,6 +44,7 @@ def test_shuffled_per_epoch_read_in_worker_threads_and_resumed_exactly(write_spe
     assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(22))
     assert epochs[0] != epochs[1] and epochs[0] != list(range(22))
     with load_graph(path) as again:  # the same from (seed, epoch)
+        assert len(again) == 6  # 22 items in batches of 4, known before iterating
         assert [v for b in again for v in b["i"].tolist()] == epochs[0]
     assert byo_fns.ThreadLog.threads and threading.main_thread().name not in byo_fns.ThreadLog.threads
     assert check_resume(lambda: load_graph(path), epochs=2) > 10
