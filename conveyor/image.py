@@ -422,6 +422,8 @@ def _where(item: Mapping[str, Any]) -> str:
         return f"image {os.fspath(path)!r}"
     if item.get("__key__") is not None:  # a read_tar sample: its shard and key
         return f"image {item['__key__']!r} in shard {item.get('__url__')!r}"
+    if item.get("lmdb") is not None and item.get("key") is not None:  # a read_lmdb record
+        return f"image {item['key']!r} in LMDB {item['lmdb']!r}"
     return f"image at index {item.get('index')!r}"
 
 

@@ -207,6 +207,11 @@ output: size
 def test_lmdb_errors_name_the_environment_and_key(lmdb_env: Path, tmp_path: Path) -> None:
     from torchdata.nodes import IterableWrapper
 
+    from conveyor.image import eval_transform
+
+    with pytest.raises(SampleError, match=r"image 'c/k' in LMDB '/d/x.lmdb': not a recognised image format"):
+        eval_transform({"lmdb": "/d/x.lmdb", "key": "c/k", "bytes": b"not an image", "index": 0})
+
     missing = [{"lmdb": str(lmdb_env), "key": "n01440764/none.JPEG", "index": 0}]
     with pytest.raises(SampleError, match=r"read_lmdb: .*train\.lmdb: no key 'n01440764/none\.JPEG'"):
         list(ReadLmdb(IterableWrapper(missing)))
