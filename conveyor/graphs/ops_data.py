@@ -101,18 +101,11 @@ def _build_dataset(p: DatasetParams, inputs: list[BaseNode], ctx: BuildContext) 
                           replacement=p.replacement)
 
 
-def _counted(p: Any, n: list[int], where: Any, source: Any) -> int | None:
-    """The length rule (graphs/length.py) of both ops: what the built node counts (the draws
-    per epoch; an iterable's len(), or None when it has none)."""
-    return source()
-
-
 DATASET = OpSpec("dataset", DatasetParams, _build_dataset, "none",
                  "indexes of a map-style Dataset (torch, Hugging Face, any __len__/__getitem__), "
                  "sampled per epoch; read them with map fn: conveyor.dataset:getitem", _check_dataset,
                  items_in='', items_out='{index, dataset} per draw; map fn conveyor.dataset:getitem turns it into dataset[index]',
-                 example='samples: {op: dataset, dataset: mypkg.data:Cifar, args: {root: "${spec_dir}/cifar"}, sampler: shuffle}',
-                 length=_counted)
+                 example='samples: {op: dataset, dataset: mypkg.data:Cifar, args: {root: "${spec_dir}/cifar"}, sampler: shuffle}')
 
 
 @dataclass(frozen=True)
@@ -151,5 +144,4 @@ ITERABLE = OpSpec("iterable", IterableParams, _build_iterable, "none",
                   "items of an IterableDataset (torch, Hugging Face) or any iterable; resumed through its "
                   "state_dict when it has one, else by re-reading and skipping", _check_iterable,
                   items_in='', items_out="the iterable's items, as it yields them",
-                  example='stream: {op: iterable, iterable: mypkg.data:make_stream, args: {split: train}}',
-                  length=_counted)
+                  example='stream: {op: iterable, iterable: mypkg.data:make_stream, args: {split: train}}')
