@@ -8,14 +8,30 @@ from typing import Any, Mapping
 from conveyor.graphs.compile import compile_plan
 from conveyor.graphs.loader import Loader
 from conveyor.graphs.validate import Plan, validate
-from conveyor.graphs.yaml_loader import Located, load_yaml
+from conveyor.errors import SpecError, SpecErrors
+from conveyor.graphs.yaml_loader import MAX_SPEC_BYTES, Located, decode_spec, load_yaml, too_big
 
 
 def read_spec(path: str | os.PathLike[str]) -> Located:
-    """Read and parse a spec file, keeping positions."""
+    """Read and parse a spec file, keeping positions.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        SpecErrors: the file cannot be read as a spec (a directory, not UTF-8, too big, bad YAML).
+    """
     path = os.fspath(path)
-    with open(path, encoding="utf-8") as f:
-        return load_yaml(f.read(), path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)  # never more than the bound, whatever the file holds
+    except FileNotFoundError:
+        raise
+    except IsADirectoryError:
+        raise SpecErrors([SpecError(f"{path} is a directory, not a spec file", path, 0, 0)]) from None
+    except OSError as exc:  # no permission, a device, ...
+        raise SpecErrors([SpecError(f"the spec cannot be read: {exc.strerror or exc}", path, 0, 0)]) from None
+    if len(data) > MAX_SPEC_BYTES:
+        raise too_big(os.path.getsize(path), path)
+    return load_yaml(decode_spec(data, path), path)
 
 
 def check_spec(spec: str | os.PathLike[str] | Located, overrides: Mapping[str, Any] | None = None) -> Plan:

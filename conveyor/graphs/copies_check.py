@@ -13,6 +13,7 @@ item; with ``method: process`` every ``fn`` in it must pickle.
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,11 @@ class CopiesPlan:
     mp_context: str | None
 
 
+def start_methods() -> list[str]:
+    """The multiprocessing start methods this platform offers (``fork``, ``spawn``, ...)."""
+    return sorted(multiprocessing.get_all_start_methods())
+
+
 def _default_until(nodes: dict, output: str) -> str:
     chain = [output]
     while nodes.get(chain[-1]) is not None and len(nodes[chain[-1]].inputs) == 1:
@@ -45,8 +51,11 @@ def _default_until(nodes: dict, output: str) -> str:
 
 
 def check_copies(raw: Any, nodes: dict, graph: dict[str, list[str]], output: str,
-                 params: dict[str, Any], errs: Any) -> CopiesPlan | None:
-    """Read and check the top-level ``workers``; errors go to ``errs``."""
+                 params: dict[str, Any], errs: Any, names: Any = ()) -> CopiesPlan | None:
+    """Read and check the top-level ``workers``; errors go to ``errs``.
+
+    ``nodes`` holds the nodes that passed their own checks; ``names`` every node of the spec,
+    so that a node already reported as broken is not reported again (nor looked up)."""
     if raw is None:
         return None
     at = ("workers",)
@@ -72,13 +81,21 @@ def check_copies(raw: Any, nodes: dict, graph: dict[str, list[str]], output: str
         errs.add(f"workers: copies must be a positive int, got {count!r}", at + ("copies",),
                  param="workers")
         ok = False
+    mp_context = spec.get("mp_context")
+    if mp_context is not None and mp_context not in start_methods():
+        errs.add(f"workers: mp_context must be one of {'|'.join(start_methods())} (the start methods "
+                 f"of this platform), got {mp_context!r}" + did_you_mean(str(mp_context), start_methods()), at + ("mp_context",),
+                 param="workers")
+        ok = False
     method = spec.get("method", "process")
     if method not in METHODS:
         errs.add(f"workers: method must be one of {'|'.join(METHODS)}, got {method!r}", at + ("method",),
                  param="workers")
         ok = False
     until = spec.get("until") or _default_until(nodes, output)
-    if until not in nodes:
+    if isinstance(until, str) and until in names and until not in nodes:
+        return None  # a broken node, reported already
+    if not isinstance(until, str) or until not in nodes:
         errs.add(f"workers: until '{until}' is not a node" + did_you_mean(str(until), nodes),
                  at + ("until",), param="workers")
         return None
@@ -88,7 +105,7 @@ def check_copies(raw: Any, nodes: dict, graph: dict[str, list[str]], output: str
     if count == 1:
         return plan
     copied = _closure(until, graph)
-    for name in sorted(copied):
+    for name in sorted(n for n in copied if n in nodes):  # a broken node is reported already
         node = nodes[name]
         if node.op.inputs == "none" and not _sharded_by_worker(name, until, nodes, graph):
             errs.add(f"graph-level workers copy '{name}' into {count} workers, but no shard with "
@@ -121,7 +138,9 @@ def _sharded_by_worker(source: str, until: str, nodes: dict, graph: dict[str, li
     consumers = {i: n for n, ins in graph.items() for i in ins}
     cur = source
     while True:
-        node = nodes[cur]
+        node = nodes.get(cur)
+        if node is None:
+            return True  # a broken node, reported already: no second error about it
         if node.op.name == "shard" and node.params is not None and \
                 "worker" in [getattr(b, "value", b) for b in node.params.by]:
             return True

@@ -70,9 +70,19 @@ def builtin_params(spec_path: str) -> dict[str, Any]:
     return {SPEC_DIR: os.path.dirname(os.path.abspath(spec_path))}
 
 
+_HINT_CHOICES = 300  # at most this many choices are compared (those nearest in length)
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    """`` (did you mean 'x'?)`` for the closest choice, or an empty string.
+
+    Comparing strings costs; with very many choices (a spec of thousands of nodes) only the
+    ``_HINT_CHOICES`` nearest in length are compared, so that hints stay cheap.
+    """
+    pool = [c for c in choices if isinstance(c, str)]
+    if len(pool) > _HINT_CHOICES:
+        pool = sorted(pool, key=lambda c: abs(len(c) - len(name)))[:_HINT_CHOICES]
+    close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

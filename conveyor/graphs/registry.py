@@ -152,6 +152,11 @@ def op_names() -> list[str]:
     return sorted(set(_BUILTIN) | set(_EXTRA))
 
 
+def is_builtin(name: str) -> bool:
+    """Whether ``name`` is one of conveyor's own ops (not a plug-in's)."""
+    return name in _BUILTIN and name not in _EXTRA
+
+
 def get_op(name: str) -> OpSpec | None:
     """The ``OpSpec`` for ``name``, or ``None`` if no such op exists."""
     if name in _LOADED:

@@ -20,16 +20,20 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from conveyor.errors import ConveyorError, SpecError, SpecErrors
-from conveyor.graphs.copies_check import check_copies
+from conveyor.graphs.copies_check import check_copies, start_methods
 from conveyor.graphs.even import MODES as EVEN_MODES
+from conveyor.graphs.fn_args import check_args
 from conveyor.graphs.params import (SPEC_DIR, apply_overrides, builtin_params, did_you_mean, env_name, interpolate,
                                     split_overrides)
-from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, op_names, resolve_fn
+from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, is_builtin, op_names, resolve_fn
 from conveyor.graphs.yaml_loader import Located
 
 SECRET_PARAMS = ("storage_options",)  # never shown; compile.py keeps them out of states too
 TOP_KEYS = ("params", "nodes", "output", "resumable", "workers", "even_batches", "description")
 NODE_KEYS = ("op", "input")
+MAX_NODES = 500  # keeps the checks (did-you-mean hints compare names) within seconds
+BATCHING_OPS = ("batch", "bucket_batch")
+COLLATING_OPS = ("collate", "pad_collate")  # they need batches: a list of samples per item
 SHUFFLE_AFTER_HEAVY_LIMIT = 64  # a shuffle window bigger than this after a decode is refused
 
 
@@ -212,31 +216,48 @@ def _mentioned(body: Any, previous: str | None) -> list[str]:
 
 
 def _find_cycle(inputs: dict[str, list[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(n: str) -> list[str] | None:
-        state[n] = 1
-        stack.append(n)
-        for m in inputs.get(n, []):
-            if m not in inputs:
+    """A cycle as ``[a, ..., a]`` (each node reads the next), or None. Iterative: a spec may
+    chain more nodes than Python's recursion limit."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in inputs:
+        if start in state:
+            continue
+        path: list[str] = [start]
+        todo: list[list[str]] = [[m for m in inputs[start] if m in inputs]]
+        state[start] = 1
+        while path:
+            if not todo[-1]:
+                state[path.pop()] = 2
+                todo.pop()
                 continue
+            m = todo[-1].pop(0)
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return path[path.index(m):] + [m]
             if m not in state:
-                found = visit(m)
-                if found:
-                    return found
-        stack.pop()
-        state[n] = 2
-        return None
-
-    for n in inputs:
-        if n not in state:
-            found = visit(n)
-            if found:
-                return found
+                state[m] = 1
+                path.append(m)
+                todo.append([k for k in inputs[m] if k in inputs])
     return None
+
+
+def _batched_before(name: str, nodes: dict[str, NodePlan], graph: dict[str, list[str]]) -> bool:
+    """Whether some node above ``name`` may make batches: a batching op, a map running a user's
+    fn (which may return lists), a plug-in op, or a node whose check failed (reported on its own)."""
+    seen: set[str] = set()
+    todo = list(graph.get(name, []))
+    while todo:
+        up = todo.pop()
+        if up in seen:
+            continue
+        seen.add(up)
+        plan = nodes.get(up)
+        if plan is None or plan.params is None or plan.op.name in BATCHING_OPS \
+                or not is_builtin(plan.op.name):
+            return True
+        if plan.op.name == "map" and not str(plan.params.fn).startswith("conveyor."):
+            return True
+        todo.extend(graph.get(up, []))
+    return False
 
 
 def _upstream(name: str, inputs: dict[str, list[str]]) -> set[str]:
@@ -302,6 +323,11 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
         raise SpecErrors(errs.items)
     raw_nodes = _override_nodes(raw_nodes, node_overrides, errs, (line, col))
 
+    if len(raw_nodes) > MAX_NODES:
+        errs.add(f"the spec has {len(raw_nodes)} nodes; a spec is refused past {MAX_NODES}", ("nodes",),
+                 key=True)
+        raise SpecErrors(errs.items)
+
     known = op_names()
     previous: str | None = None
     # nodes that may be read by a node whose inputs could not be worked out (a broken node, a
@@ -333,9 +359,10 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
         for i, inp in enumerate(plan.inputs):
             if inp not in raw_nodes:
                 at = ("nodes", plan.name, "input") + ((i,) if isinstance(raw_nodes[plan.name].get("input"), list) else ())
-                errs.add(f"input '{inp}' is not defined" + did_you_mean(inp, all_names), at, node=plan.name,
-                         op=plan.op.name, param="input")
-                maybe_used.update(n for n in all_names if did_you_mean(inp, all_names) == f" (did you mean '{n}'?)")
+                hint = did_you_mean(inp, all_names)
+                errs.add(f"input '{inp}' is not defined" + hint, at, node=plan.name, op=plan.op.name,
+                         param="input")
+                maybe_used.update(n for n in all_names if hint == f" (did you mean '{n}'?)")
 
     graph = {n: [i for i in p.inputs if i in raw_nodes] for n, p in nodes.items()}
     cycle = _find_cycle(graph)
@@ -368,7 +395,7 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
                          "remove it or name it as an input", ("nodes", n), key=True, node=n,
                          op=nodes[n].op.name if n in nodes else None)
         _graph_rules(nodes, graph, resumable, errs)
-        copies = check_copies(data.get("workers"), nodes, graph, output, scope, errs)
+        copies = check_copies(data.get("workers"), nodes, graph, output, scope, errs, raw_nodes)
 
     seed = params.get("seed", 0)
     if errs.items:
@@ -422,11 +449,20 @@ def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resuma
         p = plan.params
         if p is None:
             continue
+        if plan.op.name in ("map", "filter"):
+            for arg, message in check_args(p.fn, resolve_fn(p.fn), p.args):
+                errs.add(f"arg '{arg}': {message}", ("nodes", plan.name, "args", arg), node=plan.name,
+                         op=plan.op.name, param="args")
         if plan.op.name == "map":
             if not p.ordered and resumable:
                 errs.add("an unordered map cannot resume exactly (its output order depends on "
                          "timing); set ordered: true, or declare 'resumable: false' for the graph",
                          ("nodes", plan.name, "ordered"), node=plan.name, op="map", param="ordered")
+            if p.mp_context is not None and p.mp_context not in start_methods():
+                errs.add(f"expected one of {'|'.join(start_methods())} (the start methods of this "
+                         f"platform), got {p.mp_context!r}" + did_you_mean(p.mp_context, start_methods()),
+                         ("nodes", plan.name, "mp_context"),
+                         node=plan.name, op="map", param="mp_context")
             if p.method.value == "process" and p.workers > 0:
                 try:
                     pickle.dumps(resolve_fn(p.fn))
@@ -435,6 +471,10 @@ def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resuma
                              f"pickled ({type(exc).__name__}); define it at module level or use "
                              "method: thread", ("nodes", plan.name, "fn"), node=plan.name, op="map",
                              param="fn")
+        if plan.op.name in COLLATING_OPS and not _batched_before(plan.name, nodes, graph):
+            errs.add(f"{plan.op.name} stacks the samples of a batch, but nothing before it makes "
+                     f"batches: put a batch node above it, e.g. {{op: batch, size: 32}}",
+                     ("nodes", plan.name), key=True, node=plan.name, op=plan.op.name)
         if plan.op.name == "shuffle_buffer" and p.size > SHUFFLE_AFTER_HEAVY_LIMIT:
             for up in _upstream(plan.name, graph):
                 up_plan = nodes.get(up)
