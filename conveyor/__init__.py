@@ -7,10 +7,12 @@ torchdata nodes and returns a ``Loader`` with epochs, exact mid-epoch resume and
 from conveyor.errors import (ConveyorError, SampleError, SourceError, SpecError, SpecErrors,
                              StateError)
 from conveyor.graphs.api import check_spec, load_graph
+from conveyor.graphs.builder import Graph
 from conveyor.graphs.loader import Loader
 
 __all__ = [
     "ConveyorError",
+    "Graph",
     "Loader",
     "SampleError",
     "SourceError",
