@@ -4,6 +4,9 @@ Contenders, timed side by side in one process, in alternating rounds (the order 
 round, so drift and other processes' load hit all of them), ``--epochs`` epochs each, over
 the bundled docstring corpus (examples/data/text-sample):
 
+The table also gives the graph's padding waste (1 - pad_collate's padding efficiency) and,
+below it, the size of a mid-epoch state and the time to take one.
+
 * ``bare json + bytes``: open each file, ``json.loads`` each line, ``list(text.encode())[:1024]``
   (issue 18's reference loop);
 * ``bare orjson + bytes``: the same with ``orjson.loads`` (what the graph parses with);
@@ -102,9 +105,25 @@ def graph(spec: Path, epochs: int, root: str) -> dict[str, float]:
                 if first is None:
                     first = time.perf_counter()
         t2 = time.perf_counter()
+        collate = loader.stats()["nodes"].get("collate", {})
     finally:
         loader.close()
-    return {"records": n, "build_s": t1 - t0, "first_s": (first or t2) - t1, "seconds": t2 - t1}
+    return {"records": n, "build_s": t1 - t0, "first_s": (first or t2) - t1, "seconds": t2 - t1,
+            "padding": collate.get("padding_efficiency")}
+
+
+def state_figures(spec: Path, root: str, steps: int = 20, takes: int = 500) -> tuple[int, float]:
+    """(JSON bytes of a mid-epoch state, median microseconds to take one) for ``spec``."""
+    with load_graph(spec, root=root) as loader:
+        it = iter(loader)
+        for _ in range(steps):
+            next(it)
+        times = []
+        for _ in range(takes):
+            t0 = time.perf_counter()
+            state = loader.state_dict()
+            times.append(time.perf_counter() - t0)
+    return len(json.dumps(state)), statistics.median(times) * 1e6
 
 
 def hf_spec(tokenizer: str, out: Path) -> Path:
@@ -153,12 +172,14 @@ def table(results: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> str:
         rates = [r["rate"] for r in runs]
         build = [r["build_s"] for r in runs if "build_s" in r]
         first = [r["first_s"] for r in runs if "first_s" in r]
+        padding = [r["padding"] for r in runs if r.get("padding") is not None]
         rows.append([name, f"{statistics.median(rates):,.0f}", f"{min(rates):,.0f}-{max(rates):,.0f}",
                      f"{statistics.median(build) * 1e3:.0f}" if build else "",
                      f"{statistics.median(first) * 1e3:.1f}" if first else "",
+                     f"{1 - statistics.median(padding):.1%}" if padding else "",
                      f"{statistics.median(r['foreign'] for r in runs):.0%}"])
-    out = md_table(["contender", "records/s (median)", "range", "start-up ms", "first batch ms", "others' CPU"],
-                   rows, [False, True, True, True, True, True])
+    out = md_table(["contender", "records/s (median)", "range", "start-up ms", "first batch ms", "padding waste",
+                    "others' CPU"], rows, [False, True, True, True, True, True, True])
     ratio_rows = []
     for a, b in pairs:
         if a in results and b in results:
@@ -277,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.epochs} epochs per run, {args.rounds} alternating rounds, {os.cpu_count()} CPUs; "
           f"others' CPU = share of the machine other processes used meanwhile\n")
     print(table(results, pairs))
+    size, took = state_figures(Path(args.spec), args.root)
+    print(f"\nstate of {Path(args.spec).name} after 20 batches: {size:,} bytes of JSON, {took:.1f} us to take")
     return 0
 
 

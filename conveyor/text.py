@@ -91,6 +91,19 @@ def _out(item: Any, ids: Any) -> dict[str, Any]:
     return out
 
 
+def _outs(items: list, ids: list) -> list[dict[str, Any]]:
+    """``_out`` of each item and its ids, for a list (the carried keys looked up once per key)."""
+    outs: list[dict[str, Any]] = [{"input_ids": x} for x in ids]
+    if items and type(items[0]) is dict:
+        for key in CARRIED:
+            for item, out in zip(items, outs):
+                if type(item) is dict and key in item:
+                    out[key] = item[key]
+    elif items:
+        return [_out(item, x) for item, x in zip(items, ids)]
+    return outs
+
+
 def _views(buf: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
     """``buf`` cut into consecutive views of ``lengths``."""
     ends = list(itertools.accumulate(lengths))
@@ -153,11 +166,16 @@ def _byte_batch(items: list, field: str, max_length: int | None, bos: int | None
     """``byte_tokenize`` of a list: every text's bytes in one int64 buffer, a view each."""
     keep = None if max_length is None else max_length - (bos is not None) - (eos is not None)
     datas = []
+    append = datas.append
     for item in items:
-        data = _utf8(item, _text(item, field), field)
-        if keep is not None and len(data) > keep:
-            data = data[:keep]
-        datas.append(data)
+        text = item.get(field) if type(item) is dict else item
+        if type(text) is not str:
+            text = _text(item, field)  # raises, naming the record
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            data = _utf8(item, text, field)  # raises, naming the record
+        append(data if keep is None or len(data) <= keep else data[:keep])
     body = np.frombuffer(b"".join(datas), np.uint8)
     if bos is None and eos is None:
         lengths = [len(d) for d in datas]
@@ -176,7 +194,7 @@ def _byte_batch(items: list, field: str, max_length: int | None, bos: int | None
             is_body[ends - 1] = False
             buf[ends - 1] = eos
         buf[is_body] = body
-    return [_out(item, ids) for item, ids in zip(items, _views(buf, lengths))]
+    return _outs(items, _views(buf, lengths))
 
 
 @functools.lru_cache(maxsize=16)
@@ -327,7 +345,7 @@ def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: i
     all_ids = [e.ids for e in encodings]
     lengths = [len(ids) for ids in all_ids]
     buf = np.fromiter(itertools.chain.from_iterable(all_ids), np.int64, sum(lengths))
-    return [_out(x, ids) for x, ids in zip(item, _views(buf, lengths))]
+    return _outs(item, _views(buf, lengths))
 
 
 hf_tokenize.check_args = _hf_check_args  # type: ignore[attr-defined]

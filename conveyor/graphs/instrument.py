@@ -26,7 +26,9 @@ thread, as often as keeps that cost near 0.5 % of their time: every call where t
 heavy (images), one in up to 64 at random, weighted by that number, where it is light (see
 ``Counted``). The warm-up is short (16 calls): a text graph's outermost call is a batch of a
 few dozen cheap items, so timing its first 256 calls whole timed most of a short run at
-~2 us per item (benchmarks/text_throughput.py). The figures are then unbiased estimates. ``conveyor bench`` and ``--trace``
+~2 us per item (benchmarks/text_throughput.py); and it ends early once the calls made 512
+timed calls of the nodes below (a length-bucketing batcher's first call reads a few thousand
+items). The figures are then unbiased estimates. ``conveyor bench`` and ``--trace``
 attach watchers (sizing items, recording spans), and while any is attached every call is
 timed. benchmarks/stats_overhead.py measures what this costs.
 
@@ -51,11 +53,12 @@ from conveyor.nodes.prefetch import Prefetch
 
 _clock = time.perf_counter
 _QUEUE_EVERY = 4  # a buffered node samples its queue on every 4th timed call
-_WARM = 16        # an outermost node times its first 16 calls, then one in "every", at
+# an outermost node times its first calls (the warm-up), then one in "every", at
 _TARGET = 0.005   # random, with the calls it makes in its thread, weighted by "every": as
 _MAX_EVERY = 64   # many as keep timing near 0.5 % of the time the calls take (at most 1 in 64)
 _TIMING_COST = 300e-9  # seconds one timed call costs inside a pipeline (stats_overhead.py)
-_ADAPT = 16       # timed calls between two choices of "every" (the first choice ends the warm-up)
+_ADAPT = 16       # timed calls between two choices of "every" (the first choice ends the warm-up),
+_ADAPT_NESTED = 512  # or fewer once they made this many timed calls in their thread
 _random = random.random
 _exact = [0]      # > 0 while watchers are attached: every call is timed
 _resetting = threading.local()  # depth of Counted.reset calls in progress in this thread
@@ -156,7 +159,8 @@ class Counted(BaseNode):
     Timing every call costs ~300 ns per item and node inside a real pipeline, several percent
     of a cheap per-item graph (benchmarks/stats_overhead.py). So calls are timed in groups:
     the outermost ``Counted`` running in a thread (the one a background thread or the caller
-    pulls from) times its first ``_WARM`` calls (a short run is timed whole), then one call
+    pulls from) times its first ``_ADAPT`` calls (a short run is timed whole; fewer when they
+    made ``_ADAPT_NESTED`` timed calls below them), then one call
     in ``every``, drawn at random, where ``every`` (1 to ``_MAX_EVERY``) keeps the cost near
     ``_TARGET`` of the calls' time; the nodes it calls in the same thread are timed during
     exactly those calls, and each timed call counts ``every`` times. Estimates stay
@@ -331,9 +335,9 @@ class Counted(BaseNode):
                 return self._time_call(1.0)
         root = cell.root
         if root is None:  # the outermost in its thread: decide for this call and its group
-            n = self._outer_n = self._outer_n + 1
+            self._outer_n += 1
             every = self._every
-            if every == 1 or n <= _WARM or _exact[0]:
+            if every == 1 or _exact[0]:  # every == 1: still warming up, or heavy calls
                 weight = 1.0
             else:
                 weight = float(every) if _random() * every < 1.0 else 0.0
@@ -391,7 +395,7 @@ class Counted(BaseNode):
         self._acc_calls += 1
         self._acc_seconds += seconds
         self._acc_nested += nested
-        if self._acc_calls < _ADAPT:
+        if self._acc_calls < _ADAPT and self._acc_nested < _ADAPT_NESTED:
             return
         cost = (1 + self._acc_nested / self._acc_calls) * _TIMING_COST
         mean = self._acc_seconds / self._acc_calls

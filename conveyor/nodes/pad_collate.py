@@ -133,33 +133,33 @@ def _lengths_mask(counts: list[int], longest: int, side: str) -> tuple[torch.Ten
 
 def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side: str,
                 multiple: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """``pad_field`` of numpy arrays: one buffer, filled through the mask in one copy (the mask
-    walks the real tokens in row order, which is the order of the arrays joined); None for
-    anything unusual (mixed dtypes or dims, non-numeric arrays), which the tensor path then
-    handles or refuses."""
-    first = values[0]
-    dtype, ndim = first.dtype, first.ndim
-    if ndim == 0 or dtype.kind not in "biuf":
+    """``pad_field`` of numpy arrays: joined in one call, then copied into one buffer through
+    the mask in one more (the mask walks the real tokens in row order, the order of the
+    arrays joined); no Python per sample but its length. None for anything unusual (mixed
+    dtypes or dims, non-numeric arrays, other types among the arrays), which the tensor path
+    then handles or refuses."""
+    dtype = values[0].dtype
+    if dtype.kind not in "biuf":
         return None
-    trailing = first.shape[1:]
-    counts = []
-    for v in values:
-        if type(v) is not np.ndarray or v.ndim != ndim or (v.dtype is not dtype and v.dtype != dtype):
-            return None
-        if ndim > 1 and v.shape[1:] != trailing:
-            return None
-        counts.append(v.shape[0])
+    try:
+        counts = [v.shape[0] for v in values]
+        flat = np.concatenate(values)  # refuses other dims; casts mixed dtypes (checked below)
+    except (ValueError, TypeError, IndexError, AttributeError, RuntimeError):
+        return None
+    if flat.dtype != dtype:  # mixed dtypes: torch's promotion rules (the tensor path) decide
+        return None
     longest = max(counts)
     if multiple and longest % multiple:
         longest += multiple - longest % multiple
     sizes = np.array(counts, dtype=np.int64)
     positions = np.arange(longest)
     if side == "right":
-        mask = positions[None, :] < sizes[:, None]
+        mask = positions < sizes[:, None]
     else:
-        mask = positions[None, :] >= (longest - sizes)[:, None]
-    out = np.full((len(values), longest, *trailing), pad_value, dtype=dtype)
-    out[mask] = np.concatenate(values)
+        mask = positions >= (longest - sizes)[:, None]
+    shape = (len(counts), longest, *flat.shape[1:])
+    out = np.zeros(shape, dtype) if pad_value == 0 else np.full(shape, pad_value, dtype=dtype)
+    out[mask] = flat
     return torch.from_numpy(out), torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64))
 
 

@@ -111,9 +111,11 @@ class ReadJsonl(BaseNode[dict]):
         self._fh: Any = None
         self._offset = 0
         self._line = 0
-        self._lines: list[bytes] = []  # lines of the current block, each with its b"\n"
+        self._lines: list[bytes] = []  # lines of the current block, without their b"\n"
         self._li = 0                   # the next of them
+        self._nl = 1                   # 1: they had a b"\n" (0: the file's last line had none)
         self._tail = b""               # a line the block cut, completed by the next block
+        self._path = ""                # the open file's path
         self._base = 0                 # the open file's index << LINE_BITS
         self._label = -1               # the open file's label
         self._fast = format == "jsonl" and _fast_loads is not None  # parse with orjson first
@@ -145,6 +147,7 @@ class ReadJsonl(BaseNode[dict]):
             raise SampleError(f"read_jsonl: cannot open {path}: {exc.strerror or exc}") from exc
         self._file = record
         self._offset = offset
+        self._path = path
         self._base = int(record.get("index", 0)) << LINE_BITS
         self._label = record.get("label", -1)
         self.files += count
@@ -170,55 +173,58 @@ class ReadJsonl(BaseNode[dict]):
             self._open(next(self.source), initial_state[self.OFFSET_KEY], count=False)
 
     def _block(self) -> bool:
-        """Read the next block's lines; False at the end of the file."""
+        """Read the next block's lines (without their b"\\n"); False at the end of the file."""
         data = self._fh.read(BLOCK)
         if not data:
             if not self._tail:
                 return False
-            self._lines, self._li, self._tail = [self._tail], 0, b""  # a last line without b"\n"
+            self._lines, self._li, self._tail = [self._tail], 0, b""  # a last line without b"\\n"
+            self._nl = 0
             return True
         lines = (self._tail + data).split(b"\n")
         self._tail = lines.pop()  # after the last b"\n": the start of a line (or b"")
-        for i in range(len(lines)):
-            lines[i] += b"\n"
-        self._lines, self._li = lines, 0
+        self._lines, self._li, self._nl = lines, 0, 1
         return True
 
     def next(self) -> dict:
         while True:
-            if self._fh is None:
-                self._open(next(self.source), 0)  # StopIteration ends the stream
-                self._line = 0
             li = self._li
-            if li >= len(self._lines):
+            lines = self._lines
+            if li >= len(lines):
+                if self._fh is None:
+                    self._open(next(self.source), 0)  # StopIteration ends the stream
+                    self._line = 0
+                    continue
                 if self._block():
                     continue
                 self.close()
                 self._file = None
                 self._file_state = self.source.state_dict()  # after this file's record
                 continue
-            raw = self._lines[li]
-            self._lines[li] = None  # type: ignore[call-overload]  # let it go
+            raw = lines[li]
+            lines[li] = None  # type: ignore[call-overload]  # let it go
             self._li = li + 1
-            self._offset += len(raw)
-            self._line += 1
-            record = self._fast_record(raw) if self._fast else None
+            self._offset += len(raw) + self._nl
+            line = self._line = self._line + 1
+            record = None
+            if self._fast and raw.count(b"[") + raw.count(b"{") < NESTED:  # (see _fast_record)
+                record = self._fast_record(raw)
             if record is None:
                 record = self._parse(raw)
                 if record is None:
                     continue
-            record["file"] = self._file["path"]  # type: ignore[index]
-            record["line"] = self._line
-            record["index"] = self._base + self._line - 1
+            record["file"] = self._path
+            record["line"] = line
+            record["index"] = self._base + line - 1
             label = self._label
             if label != -1 and "label" not in record:
                 record["label"] = label
             return record
 
     def _fast_record(self, raw: bytes) -> dict | None:
-        """The record, parsed by orjson and checked; None: let ``_parse`` decide (and say why)."""
-        if raw.count(b"[") + raw.count(b"{") >= NESTED:  # deep enough for the stdlib to refuse?
-            return None
+        """The record, parsed by orjson and checked; None: let ``_parse`` decide (and say why).
+        Lines with ``NESTED`` brackets or more are left to ``_parse``: deep enough, perhaps,
+        for the standard library to refuse what orjson takes."""
         try:
             record = _fast_loads(raw if self._utf8 else raw.decode(self.encoding))  # type: ignore[misc]
         except ValueError:  # orjson.JSONDecodeError, UnicodeDecodeError
