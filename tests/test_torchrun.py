@@ -115,6 +115,9 @@ def test_killed_job_resumes_every_rank_exactly(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_distributed_checkpoint_round_trip(tmp_path: Path) -> None:
+    # train_ddp.py --dcp hands DCP the loader itself ({"data": loader}, the same key on every
+    # rank): each rank's entry in its state is keyed by rank, so the global plan keeps both
+    # and each rank restores its own position (a flat state was kept for one rank only)
     nproc = 2
     args = ["--every", "2", "--set", "batch_size=4", "--dcp"]
     _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ref"), "--epochs", "2", "--log-samples",
