@@ -288,17 +288,21 @@ def load_tokenizer(path: str, max_length: int | None = None) -> Any:
     return tok
 
 
-def _hf_check_args(args: dict[str, Any]) -> list[str]:
-    """Spec-time check of ``hf_tokenize``'s args: the tokenizer file loads (see ops ``map``)."""
+def _hf_check_args(args: dict[str, Any]) -> list[tuple[str, str]]:
+    """``hf_tokenize``'s rules, checked with the spec (conveyor/graphs/fn_args.py): the
+    tokenizer file loads, ``max_length`` is valid."""
     path = args.get("tokenizer")
     if not isinstance(path, str) or not path:
-        return [f"hf_tokenize needs args.tokenizer: the path of a tokenizer.json, got {path!r}"]
+        return [("tokenizer", f"hf_tokenize needs the path of a tokenizer.json, got {path!r}")]
     max_length = args.get("max_length")
     try:
         _check_max_length(max_length, 0)
+    except ValueError as exc:
+        return [("max_length", str(exc))]
+    try:
         load_tokenizer(path, max_length)
     except (ValueError, ImportError) as exc:
-        return [str(exc)]
+        return [("tokenizer", str(exc))]
     return []
 
 

@@ -152,7 +152,7 @@ def test_a_missing_or_unreadable_tokenizer_is_a_spec_error_naming_the_path(write
         check_spec(spec)
     (err,) = info.value.errors
     assert err.node == "tok" and err.param == "args" and err.line == 4
-    assert why in err.message and repr(path) in err.message
+    assert "arg 'tokenizer'" in err.message and why in err.message and repr(path) in err.message
 
 
 # ----- bad records: a clean error naming file:line, or a counted skip ---------------------------

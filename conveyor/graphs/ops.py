@@ -148,8 +148,7 @@ def _map_fn(p: MapParams | FilterParams) -> Any:
 
 def _check_map(p: MapParams, n_inputs: int) -> list[tuple[str, str]]:
     """``fn``'s signature against ``args`` and ``init``; with ``batch``, no per-sample
-    randomness; and the fn's own ``check_args(args)``, if it has one (a list of messages:
-    conveyor.text:hf_tokenize names a tokenizer file it cannot read)."""
+    randomness (the fn's own ``check_args`` rules run in validate.py)."""
     from conveyor.graphs.fn_check import check_call
 
     errors = check_call(p.fn, p.args, p.init)
@@ -160,9 +159,6 @@ def _check_map(p: MapParams, n_inputs: int) -> list[tuple[str, str]]:
     if p.batch is not None and wants_rng(fn):
         errors.append(("batch", f"{p.fn} takes an rng or a generator, which a batch map cannot give "
                                 "(a list has no single sample index): remove batch"))
-    check = getattr(fn, "check_args", None)
-    if callable(check) and not errors:
-        errors.extend(("args", message) for message in check(dict(p.args)))
     return errors
 
 
