@@ -38,7 +38,7 @@ from conveyor.errors import ConveyorError, SpecErrors
 from conveyor.graphs.api import check_spec, read_spec
 from conveyor.graphs.compile import compile_plan, node_params
 from conveyor.graphs.loader import Loader
-from conveyor.graphs.params import parse_set
+from conveyor.graphs.params import parse_set, redact_texts, secret_texts
 from conveyor.graphs.validate import Plan
 from conveyor.graphs.yaml_loader import Located
 
@@ -87,7 +87,8 @@ def _fmt_params(params: dict[str, Any]) -> str:
 def show_text(plan: Plan) -> str:
     lines = [f"graph {plan.path} -> output '{plan.output}'" + ("" if plan.resumable else " (not resumable)")]
     if plan.params:
-        lines.append("params: " + _fmt_params(plan.params))
+        hidden = getattr(plan, "secret_params", ())
+        lines.append("params: " + _fmt_params({k: "***" if k in hidden else v for k, v in plan.params.items()}))
     copies = getattr(plan, "copies", None)
     if copies is not None and copies.count > 1:
         lines.append(f"workers: {copies.count} {copies.method} copies of the graph up to '{copies.until}', "
@@ -175,7 +176,8 @@ def _hide_secrets(text: str, plan: Plan) -> str:
                 {value} if isinstance(value, str) and len(value) >= 4 else set())
             for secret in sorted(secrets, key=len, reverse=True):
                 text = text.replace(secret, "***")
-    return redact(text)
+    texts = [secret_texts(plan.params.get(k)) for k in getattr(plan, "secret_params", ())]
+    return redact(redact_texts(text, set().union(*texts)))
 
 
 def cmd_show(args: argparse.Namespace) -> int:

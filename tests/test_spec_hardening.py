@@ -119,3 +119,46 @@ def test_cli_validate_prints_yaml_refusals_without_a_traceback(write_spec, capsy
     err = capsys.readouterr().err
     assert err.startswith(f"{path}:1:16: YAML error: the alias '*r' is inside the value its anchor names")
     assert "Traceback" not in err
+
+
+# ----- item 12: values that reach storage_options are never echoed ---------------------------
+
+SECRET_SPEC = """params:
+  s3secret: "abcdefgh"
+  other: 1
+nodes:
+  files: {op: list_files, url: "s3://bucket/*.jpg", storage_options: {key: AKIA, secret: "${s3secret}"}}
+  batch: {op: batch, size: "${s3secret}"}
+"""
+
+
+def test_an_override_that_reaches_storage_options_is_never_echoed(write_spec, capsys):
+    path = write_spec(SECRET_SPEC)
+    assert cli.main(["validate", str(path), "--set", "s3secret=[TOPSECRET1, TOPSECRET2]"]) == 1
+    err = capsys.readouterr().err
+    assert "TOPSECRET" not in err
+    assert err.splitlines()[0] == (f"{path}:1:1: param 's3secret': override expects a string, got list "
+                                   "(value hidden: it reaches storage_options)")
+    with pytest.raises(SpecErrors) as info:
+        conveyor.load_graph(path, s3secret=98765432123)
+    assert "98765432123" not in str(info.value)
+    assert info.value.errors[0].message == ("override expects a string, got int (value hidden: it reaches "
+                                            "storage_options)")
+
+
+def test_a_secret_param_used_elsewhere_too_is_hidden_in_that_error(write_spec, capsys):
+    path = write_spec(SECRET_SPEC)
+    assert cli.main(["validate", str(path), "--set", "s3secret=TOPSECRET3"]) == 1
+    err = capsys.readouterr().err
+    assert "TOPSECRET3" not in err
+    assert f"{path}:6:28: node 'batch' (batch): param 'size': expected an int, got string ***\n" in err
+
+
+def test_show_hides_a_secret_param(write_spec, capsys):
+    path = write_spec(SECRET_SPEC.replace('size: "${s3secret}"', "size: 2"))
+    assert cli.main(["show", str(path), "--set", "s3secret=TOPSECRET4"]) == 0
+    out = capsys.readouterr().out
+    assert "TOPSECRET4" not in out
+    assert 'params: s3secret="***", other=1' in out
+    plan = conveyor.check_spec(path, {"s3secret": "TOPSECRET5"})
+    assert plan.secret_params == {"s3secret"}

@@ -154,8 +154,42 @@ def _fits(default: Any, value: Any) -> bool:
     return isinstance(value, type(default))
 
 
+def referenced(value: Any) -> set[str]:
+    """The param names that ``${name}`` references inside ``value`` (lists and dicts too)."""
+    if isinstance(value, str):
+        return {m.strip() for m in _REF.findall(value) if not m.strip().startswith(ENV_PREFIX)}
+    if isinstance(value, (list, tuple)):
+        return set().union(*(referenced(v) for v in value)) if value else set()
+    if isinstance(value, dict):
+        return set().union(*(referenced(v) for v in value.values())) if value else set()
+    return set()
+
+
+def secret_texts(value: Any) -> set[str]:
+    """How ``value`` may appear in a message (its text, its repr, its items'), for redaction.
+    Texts under 4 characters are left out: replacing them would garble every message."""
+    out: set[str] = set()
+    if isinstance(value, bool) or value is None:
+        return out
+    if isinstance(value, (list, tuple, dict)):
+        out.add(repr(value))
+        for item in (value.values() if isinstance(value, dict) else value):
+            out |= secret_texts(item)
+    else:
+        out |= {str(value), repr(value)}
+    return {t for t in out if len(t) >= 4}
+
+
+def redact_texts(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each of ``secrets`` (longest first) replaced by ``***``."""
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
 def apply_overrides(
-    declared: Mapping[str, Any], overrides: Mapping[str, Any], *, where: tuple[str, int, int]
+    declared: Mapping[str, Any], overrides: Mapping[str, Any], *, where: tuple[str, int, int],
+    secret: Iterable[str] = (),
 ) -> tuple[dict[str, Any], list[SpecError]]:
     """Merge ``overrides`` into ``declared`` params, checking names and types.
 
@@ -163,11 +197,14 @@ def apply_overrides(
         declared: the spec's ``params:`` with their defaults.
         overrides: typed values from keyword arguments or ``--set``.
         where: (path, line, col) of the spec's ``params:`` block, for error positions.
+        secret: params whose values reach ``storage_options``: a message names their type,
+            never their value.
 
     Returns:
         The merged params and the errors found (unknown key, wrong type).
     """
     path, line, col = where
+    hidden = set(secret)
     merged = dict(declared)
     errors: list[SpecError] = []
     for key, value in overrides.items():
@@ -177,9 +214,11 @@ def apply_overrides(
                 + f"; declared: {', '.join(sorted(declared)) or 'none'}", path, line, col, param=key))
             continue
         if not _fits(declared[key], value):
+            like, got = (("", " (value hidden: it reaches storage_options)") if key in hidden else
+                         (f" (like the default {declared[key]!r})", f" {value!r}"))
             errors.append(SpecError(
-                f"override expects {_article(_type_name(declared[key]))} (like the default "
-                f"{declared[key]!r}), got {_type_name(value)} {value!r}", path, line, col, param=key))
+                f"override expects {_article(_type_name(declared[key]))}{like}, got {_type_name(value)}{got}",
+                path, line, col, param=key))
             continue
         merged[key] = float(value) if isinstance(declared[key], float) else value
     return merged, errors

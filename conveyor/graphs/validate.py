@@ -24,7 +24,7 @@ from conveyor.graphs.copies_check import check_copies, start_methods
 from conveyor.graphs.even import MODES as EVEN_MODES
 from conveyor.graphs.fn_args import check_args
 from conveyor.graphs.params import (SPEC_DIR, apply_overrides, builtin_params, did_you_mean, env_name, interpolate,
-                                    split_overrides)
+                                    redact_texts, referenced, secret_texts, split_overrides)
 from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, is_builtin, op_names, resolve_fn
 from conveyor.graphs.yaml_loader import Located
 
@@ -62,6 +62,7 @@ class Plan:
     seed: int
     copies: Any = None  # CopiesPlan from the top-level `workers`, or None
     even_batches: str = "auto"  # auto | always | never: see conveyor/graphs/even.py
+    secret_params: frozenset = frozenset()  # params that reach storage_options: never shown
 
 
 class _Errors:
@@ -272,8 +273,22 @@ def _upstream(name: str, inputs: dict[str, list[str]]) -> set[str]:
     return seen
 
 
+def secret_params(data: Any) -> set[str]:
+    """The params whose values reach a node's ``storage_options`` (through ``${name}``)."""
+    nodes = data.get("nodes") if isinstance(data, dict) else None
+    names: set[str] = set()
+    for body in nodes.values() if isinstance(nodes, dict) else ():
+        if isinstance(body, dict):
+            for key in SECRET_PARAMS:
+                names |= referenced(body.get(key))
+    return names
+
+
 def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
     """Check a parsed spec and return its ``Plan``.
+
+    Values that reach ``storage_options`` (a param it names, whatever its value) never appear
+    in an error: they are replaced by ``***``; ``Plan.secret_params`` names those params.
 
     Args:
         doc: the spec as read by ``load_yaml``.
@@ -282,6 +297,23 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
     Raises:
         SpecErrors: every problem found, in file order.
     """
+    secret = secret_params(doc.data)
+    try:
+        plan = _validate(doc, overrides, secret)
+    except SpecErrors as exc:
+        if not secret:
+            raise
+        declared = doc.data.get("params") if isinstance(doc.data, dict) else None
+        values = [v for k, v in {**(declared if isinstance(declared, dict) else {}),
+                                 **dict(overrides or {})}.items() if k in secret]
+        texts = set().union(*(secret_texts(v) for v in values)) if values else set()
+        raise SpecErrors([dataclasses.replace(e, message=redact_texts(e.message, texts))
+                          for e in exc.errors]) from None
+    plan.secret_params = frozenset(secret)
+    return plan
+
+
+def _validate(doc: Located, overrides: Mapping[str, Any] | None, secret: set[str]) -> Plan:
     errs = _Errors(doc)
     data = doc.data
     if not isinstance(data, dict):
@@ -300,7 +332,8 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
     raw_nodes = data.get("nodes")
     param_overrides, node_overrides = split_overrides(
         dict(overrides or {}), declared, raw_nodes if isinstance(raw_nodes, dict) else {})
-    params, override_errors = apply_overrides(declared, param_overrides, where=(doc.path, line, col))
+    params, override_errors = apply_overrides(declared, param_overrides, where=(doc.path, line, col),
+                                              secret=secret)
     errs.items.extend(override_errors)
     builtins = builtin_params(doc.path)
     params = _resolve_params(params, builtins, errs)
