@@ -45,6 +45,9 @@ from conveyor.graphs.yaml_loader import Located
 __all__ = ["batch_len", "build_parser", "main"]  # batch_len lives in conveyor.bench now
 
 
+INTERRUPTED = 130  # the shell's status for a command stopped by Ctrl-C (128 + SIGINT)
+
+
 class UsageError(Exception):
     """A mistake on the command line itself (exit status 2, like argparse's own)."""
 
@@ -222,6 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     plan = _plan(args)
     batches = samples = 0
+    interrupted = False
     recorder = _trace_recorder(args)
     t0 = time.perf_counter()
     with Loader(compile_plan(plan)) as loader:
@@ -230,20 +234,24 @@ def cmd_run(args: argparse.Namespace) -> int:
             recorder.attach(loader)
         with tqdm(total=args.steps, unit="batch", disable=args.quiet, file=sys.stderr,
                   dynamic_ncols=True) as bar:
-            for _ in range(args.epochs):
-                for batch in loader:
-                    n = batch_len(batch)
-                    batches += 1
-                    samples += n
-                    elapsed = max(time.perf_counter() - t0, 1e-9)
-                    bar.set_postfix_str(f"epoch {loader.epoch}, {samples / elapsed:,.1f} samples/s",
-                                        refresh=False)
-                    bar.update(1)
+            try:
+                for _ in range(args.epochs):
+                    for batch in loader:
+                        n = batch_len(batch)
+                        batches += 1
+                        samples += n
+                        elapsed = max(time.perf_counter() - t0, 1e-9)
+                        bar.set_postfix_str(f"epoch {loader.epoch}, {samples / elapsed:,.1f} samples/s",
+                                            refresh=False)
+                        bar.update(1)
+                        if args.steps and batches >= args.steps:
+                            break
+                    meter.fold()
                     if args.steps and batches >= args.steps:
                         break
+            except KeyboardInterrupt:  # Ctrl-C: stop, close the loader, report what was done
+                interrupted = True
                 meter.fold()
-                if args.steps and batches >= args.steps:
-                    break
         elapsed = time.perf_counter() - t0
         stats = loader.stats()
         if args.skipped:
@@ -267,7 +275,31 @@ def cmd_run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     if recorder is not None:
         _write_trace(recorder, args.trace)
+    if interrupted:
+        print(f"conveyor: interrupted after {batches} batches (the summary above is up to there)",
+              file=sys.stderr)
+        return INTERRUPTED
+    if batches == 0 and args.epochs > 0 and args.steps != 0:
+        print(f"conveyor: warning: no batch came out of {args.epochs} epoch(s): "
+              f"{_why_no_batch(stats, plan)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _why_no_batch(stats: dict[str, Any], plan: Plan) -> str:
+    """Where the items stopped: the first node that received items and yielded none."""
+    counts = {name: entry.get("items", 0) for name, entry in stats.get("nodes", {}).items()}
+    for name, node in plan.nodes.items():
+        fed = [i for i in node.inputs if counts.get(i)]
+        if counts.get(name, 0) == 0 and fed:
+            got = sum(counts[i] for i in fed)
+            hint = ""
+            size, drop_last = getattr(node.params, "size", None), getattr(node.params, "drop_last", False)
+            if node.op.name == "batch" and drop_last and isinstance(size, int) and size > got:
+                hint = (f": a batch of {size} with drop_last: true needs at least {size} items; "
+                        "lower the batch size or set drop_last: false")
+            return f"node '{name}' ({node.op.name}) received {got} item(s) and yielded none{hint}"
+    return "the sources yielded no items"
 
 
 def _progress_line(total: float) -> Any:
@@ -467,6 +499,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"conveyor: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside a run's loop (checking, building, closing)
+        print("conveyor: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except BrokenPipeError:  # `conveyor show spec.yaml | head`: the reader left, say nothing more
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so that the flush at exit does not fail again

@@ -121,3 +121,15 @@ def indexes(batch):
     import torch
 
     return torch.tensor([r["index"] for r in batch])
+
+
+def announce_then_sleep(item, *, path: str, ms: float = 50.0):
+    """Create the file ``path`` (once items flow), then sleep ``ms`` milliseconds: lets a test
+    interrupt ``conveyor run`` in the middle of an epoch (test_cli_interrupt)."""
+    import os
+    import time
+
+    if not os.path.exists(path):
+        open(path, "w").close()
+    time.sleep(ms / 1000.0)
+    return item

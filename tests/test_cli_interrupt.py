@@ -1,0 +1,56 @@
+"""``conveyor run`` stopped by Ctrl-C prints its summary so far and exits 130, with no traceback;
+a run that yields no batch says where the items stopped and exits 1 (issue 13, item 16)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conveyor import cli
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+NUMBERS = str(REPO / "specs" / "numbers.yaml")
+
+
+def test_ctrl_c_prints_the_summary_so_far_and_exits_130(write_spec, tmp_path):
+    flag = tmp_path / "flowing"
+    spec = write_spec(f"""nodes:
+  files: {{op: list_files, url: "{REPO}/examples/data/numbers/*/*.txt"}}
+  parse: {{op: map, fn: "conveyor.files:read_numbers"}}
+  slow: {{op: map, fn: "helpers_fns:announce_then_sleep", args: {{path: "{flag}", ms: 200}}}}
+  batch: {{op: batch, size: 2}}
+output: batch
+""")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
+    proc = subprocess.Popen([sys.executable, "-m", "conveyor", "run", str(spec), "-q", "--epochs", "100"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # a few items in
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "done: " in out and "  batch " in out, out
+    assert err.rstrip().splitlines()[-1].startswith("conveyor: interrupted after "), err
+
+
+def test_a_run_that_yields_no_batch_warns_and_exits_1(capsys):
+    assert cli.main(["run", NUMBERS, "-q", "--set", "batch_size=500", "--set", "batch.drop_last=true"]) == 1
+    captured = capsys.readouterr()
+    assert "done: 0 batches, 0 samples" in captured.out
+    assert captured.err.splitlines()[-1] == (
+        "conveyor: warning: no batch came out of 1 epoch(s): node 'batch' (batch) received 40 item(s) and "
+        "yielded none: a batch of 500 with drop_last: true needs at least 500 items; lower the batch size "
+        "or set drop_last: false")
