@@ -10,7 +10,13 @@ as stored; other formats keep their extension) and ``KEY.cls`` (the class number
 where ``KEY`` is the file name without its extension. Samples go into ``shard-000000.tar``,
 ``shard-000001.tar``, ... in sorted order, a new shard starting before one would pass
 ``--shard-size``. ``DST/index.json`` lists the shards (name, samples, bytes, sha256, index of
-the first sample), the total and the classes.
+the first sample), the total and the classes; ``read_tar`` checks each shard's sample count
+against it.
+
+With ``--resize N`` each image whose shorter side is above ``N`` is stored re-encoded as JPEG
+(``--quality``, default 90) with its shorter side ``N``, aspect kept (``conveyor.shrink``);
+smaller images are stored as they are. Train at 224 from camera-size photos: ``N`` = 256-320
+cuts the decode cost and the bytes many times over (``benchmarks/RESULTS.md``).
 
 The output depends on the input bytes and the options only: sorted listing, fixed tar
 headers (mtime 0, uid/gid 0, no user or group names, mode 0644), GNU tar format, a sorted
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures as cf
 import hashlib
 import io
 import json
@@ -36,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import ConveyorError, SourceError
+from conveyor.shrink import DEFAULT_QUALITY, shrink
 from conveyor.storage import RetryPolicy, Storage, is_local, parse_size, redact
 
 log = logging.getLogger(__name__)
@@ -117,6 +125,23 @@ def _ordered_reads(storage: Storage, samples: list[_Sample], concurrency: int):
         yield s, fut.result()
 
 
+def _shrunk(reads, resize: int, quality: int, threads: int):
+    """``(sample, bytes)`` in order with each image shrunk (``threads`` at once; Pillow
+    releases the GIL while decoding, resizing and encoding)."""
+    def one(s: _Sample, data: bytes) -> tuple[_Sample, bytes]:
+        small = shrink(data, resize, quality=quality, name=f"pack: {redact(s.url)}")
+        return (s, data) if small is None else (_Sample(s.url, s.key, "jpg", s.label), small)
+
+    with cf.ThreadPoolExecutor(threads, thread_name_prefix="conveyor-pack") as pool:
+        window: collections.deque = collections.deque()
+        for s, data in reads:
+            window.append(pool.submit(one, s, data))
+            if len(window) > 2 * threads:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+
+
 class _ShardWriter:
     def __init__(self, storage: Storage, dst: str, prefix: str, tmpdir: str):
         self.storage, self.dst, self.prefix, self.tmpdir = storage, dst, prefix, tmpdir
@@ -179,7 +204,8 @@ def _existing(storage: Storage, dst: str, prefix: str) -> list[str]:
 def pack(src: str, dst: str, *, shard_size: int | str = "256MB", prefix: str = "shard",
          concurrency: int = 16, overwrite: bool = False,
          storage_options: dict[str, Any] | None = None,
-         policy: RetryPolicy | None = None) -> dict[str, Any]:
+         policy: RetryPolicy | None = None, resize: int | None = None,
+         quality: int = DEFAULT_QUALITY, threads: int | None = None) -> dict[str, Any]:
     """Pack ``src`` (``<class>/<image>``) into tar shards under ``dst``; returns the index.
 
     Args:
@@ -192,6 +218,10 @@ def pack(src: str, dst: str, *, shard_size: int | str = "256MB", prefix: str = "
         overwrite: replace shards already under ``dst`` (refused otherwise).
         storage_options: fsspec options for both ``src`` and ``dst``; never logged.
         policy: the retry policy of every read and upload.
+        resize: store images with a shorter side above this re-encoded as JPEG with that
+            shorter side (aspect kept); None stores every file's bytes as they are.
+        quality: JPEG quality (1-100) of the re-encoded images.
+        threads: images re-encoded at once (default: the CPU count).
 
     Raises:
         SourceError: nothing to pack, or ``src`` cannot be read.
@@ -204,6 +234,10 @@ def pack(src: str, dst: str, *, shard_size: int | str = "256MB", prefix: str = "
     limit = parse_size(shard_size)
     if limit < 1024:
         raise ValueError(f"shard_size={shard_size!r} is below 1kB")
+    if resize is not None and (not isinstance(resize, int) or resize < 1):
+        raise ValueError(f"{resize=} must be a positive int (pixels of the shorter side)")
+    if not isinstance(quality, int) or not 1 <= quality <= 100:
+        raise ValueError(f"{quality=} must be an int in 1..100")
     storage = Storage(storage_options=storage_options, policy=policy, threads=concurrency)
     try:
         samples, classes = list_samples(storage, src)
@@ -222,7 +256,12 @@ def pack(src: str, dst: str, *, shard_size: int | str = "256MB", prefix: str = "
         writer = _ShardWriter(storage, dst, prefix, tmpdir or tempfile.gettempdir())
         t0 = time.perf_counter()
         try:
-            for i, (s, data) in enumerate(_ordered_reads(storage, samples, concurrency)):
+            reads = _ordered_reads(storage, samples, concurrency)
+            if resize is not None:
+                reads = _shrunk(reads, resize, quality, threads or os.cpu_count() or 1)
+            fields = {"cls"}
+            for i, (s, data) in enumerate(reads):
+                fields.add(s.ext)
                 need = _tar_size(len(data)) + _tar_size(len(str(s.label)))
                 if writer.samples and writer.bytes + need > limit:
                     writer.close()
@@ -233,9 +272,11 @@ def pack(src: str, dst: str, *, shard_size: int | str = "256MB", prefix: str = "
         except BaseException:
             writer.abort()
             raise
-        index = {"format": INDEX_FORMAT, "layout": "webdataset", "fields": ["cls", "jpg"],
+        index = {"format": INDEX_FORMAT, "layout": "webdataset", "fields": sorted(fields),
                  "shard_size": limit, "samples": len(samples), "classes": classes,
                  "shards": writer.shards}
+        if resize is not None:
+            index["resize"] = {"shorter_side": resize, "quality": quality}
         text = json.dumps(index, indent=1, sort_keys=True) + "\n"
         fd, tmp = tempfile.mkstemp(prefix=".index-", suffix=".json", dir=tmpdir)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -266,6 +307,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace shards already in DST")
     p.add_argument("--format", choices=("tar", "lmdb"), default="tar",
                    help="tar: WebDataset shards (default); lmdb: one LMDB environment at DST (local disk)")
+    p.add_argument("--resize", type=int, default=None, metavar="N",
+                   help="re-encode images whose shorter side is above N pixels to JPEG with that "
+                        "shorter side, aspect kept (training at 224: N = 256-320)")
+    p.add_argument("--quality", type=int, default=DEFAULT_QUALITY, metavar="Q",
+                   help=f"JPEG quality of resized images, 1-100 (default {DEFAULT_QUALITY})")
     p.set_defaults(func=run)
     return p
 
@@ -278,8 +324,14 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"conveyor pack: --shard-size: {exc}") from None
     if args.concurrency < 1:
         raise SystemExit("conveyor pack: --concurrency must be >= 1")
+    if args.resize is not None and args.resize < 1:
+        raise SystemExit("conveyor pack: --resize must be a positive number of pixels")
+    if not 1 <= args.quality <= 100:
+        raise SystemExit("conveyor pack: --quality must be in 1..100")
     t0 = time.perf_counter()
     if args.format == "lmdb":
+        if args.resize is not None:
+            raise SystemExit("conveyor pack: --resize is for tar shards (--format tar) only")
         from conveyor.pack_lmdb import pack_lmdb
 
         out = pack_lmdb(args.src, args.dst, concurrency=args.concurrency, overwrite=args.overwrite)
@@ -287,7 +339,8 @@ def run(args: argparse.Namespace) -> int:
               f"into the LMDB environment {out['path']} in {time.perf_counter() - t0:.1f} s")
         return 0
     index = pack(args.src, args.dst, shard_size=size, prefix=args.prefix,
-                 concurrency=args.concurrency, overwrite=args.overwrite)
+                 concurrency=args.concurrency, overwrite=args.overwrite, resize=args.resize,
+                 quality=args.quality)
     for shard in index["shards"]:
         print(f"  {shard['name']}  {shard['samples']:>7} samples  {shard['bytes']:>12,} bytes")
     print(f"packed {index['samples']} samples of {len(index['classes'])} classes into "

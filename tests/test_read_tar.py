@@ -89,6 +89,42 @@ def test_pack_command_line(tmp_path: Path, capsys) -> None:
         run(parser.parse_args(["pack", str(SAMPLE), str(tmp_path / "o3"), "--shard-size", "big"]))
 
 
+def test_pack_resize_shrinks_big_images_keeps_small_ones_labels_and_counts(tmp_path: Path) -> None:
+    from PIL import Image
+
+    src = tmp_path / "src"
+    made = {}  # key -> (class, size)
+    for cls, key, size, fmt in [("a", "wide", (900, 300), "JPEG"), ("a", "tall", (250, 701), "PNG"),
+                                ("b", "small", (120, 90), "JPEG"), ("b", "edge", (300, 200), "JPEG"),
+                                ("c", "gray", (640, 480), "JPEG")]:
+        (src / cls).mkdir(parents=True, exist_ok=True)
+        img = Image.effect_noise(size, 40).convert("L" if key == "gray" else "RGB")
+        img.save(src / cls / f"{key}.{fmt.lower()}", fmt)
+        made[key] = (cls, size)
+    out = tmp_path / "out"
+    parser = argparse.ArgumentParser(prog="conveyor")
+    add_parser(parser.add_subparsers(dest="command"))
+    assert run(parser.parse_args(["pack", str(src), str(out), "--resize", "200", "--quality", "85"])) == 0
+    index = json.loads((out / "index.json").read_text())
+    assert index["samples"] == 5 and index["resize"] == {"shorter_side": 200, "quality": 85}
+    assert index["fields"] == ["cls", "jpg"]  # the PNG was re-encoded as JPEG
+    got = {s["__key__"]: s for s in ReadTar(ListFiles(url=f"{out}/*.tar"), fields=["jpg", "cls"])}
+    expected = {"wide": (600, 200), "tall": (200, 561), "small": (120, 90), "edge": (300, 200),
+                "gray": (267, 200)}
+    for key, (cls, size) in made.items():
+        with Image.open(io.BytesIO(got[key]["jpg"])) as img:
+            assert img.size == expected[key], key
+            assert img.format == "JPEG" and img.mode == ("L" if key == "gray" else "RGB")
+        assert got[key]["cls"] == "abc".index(cls)
+    for key in ("small", "edge"):  # already small enough: stored byte for byte
+        assert got[key]["jpg"] == (src / made[key][0] / f"{key}.jpeg").read_bytes()
+    with pytest.raises(SystemExit, match="--quality must be in 1..100"):
+        run(parser.parse_args(["pack", str(src), str(tmp_path / "o2"), "--resize", "9", "--quality", "0"]))
+    (src / "c" / "broken.jpg").write_bytes(b"\xff\xd8 not really")
+    with pytest.raises(SampleError, match=r"broken\.jpg: cannot decode to resize it"):
+        pack(str(src), str(tmp_path / "o3"), resize=200)
+
+
 def test_pack_refuses_keys_that_collide(tmp_path: Path) -> None:
     for cls in ("a", "b"):
         (tmp_path / "src" / cls).mkdir(parents=True)
