@@ -254,6 +254,30 @@ def test_shuffle_buffer_emits_while_the_next_window_fills():
     assert len(reads) == 50
 
 
+def test_shuffle_buffer_state_is_small_and_a_restore_rereads_at_most_two_windows():
+    import json
+
+    class Counting(IterableWrapper):
+        reads = 0
+
+        def next(self):
+            Counting.reads += 1
+            return {"text": "x" * 100, "n": super().next()}
+
+    node = ShuffleBuffer(Counting(range(9000)), size=2000, seed=1)
+    node.reset()
+    head = [next(node)["n"] for _ in range(3999)]  # the last item of window 1
+    state = node.state_dict()
+    assert len(json.dumps(state)) <= 4096 and state["window"] == 1 and state["pos"] == 1999
+    Counting.reads = 0
+    again = ShuffleBuffer(Counting(range(9000)), size=2000, seed=1)
+    again.reset(state)
+    rest = [next(again)["n"]]
+    assert Counting.reads <= 2 * 2000  # window 1 and what had been read of window 2
+    rest += [x["n"] for x in again]
+    assert sorted(head + rest) == list(range(9000))
+
+
 def test_shuffle_buffer_refuses_size_zero():
     with pytest.raises(ValueError, match="size=0"):
         ShuffleBuffer(IterableWrapper([]), size=0)
