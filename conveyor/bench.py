@@ -409,8 +409,8 @@ def buffers_of(loader: Loader, sizes: SizeSampler) -> list[dict[str, Any]]:
             held = inner.max_concurrent or 2 * inner.workers
             what = f"{held} in flight ({inner.workers} workers)"
         elif isinstance(inner, ShuffleBuffer):
-            window = len(getattr(inner, "_buf", ()) or ())
-            held, what = (min(window, inner.size) or inner.size), f"window of {inner.size}"
+            now = len(getattr(inner, "_buf", None) or ()) + len(getattr(inner, "_ahead", None) or ())
+            held, what = (now or 2 * inner.size), f"window of {inner.size} + the next one filling"
         elif isinstance(inner, Batch):
             held, each, what = inner.size, in_size, "partial batch"
         elif isinstance(inner, WorkerCopies):

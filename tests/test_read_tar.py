@@ -325,7 +325,12 @@ def test_spec_counts_a_sample_without_cls_and_decode_errors_name_shard_and_key(t
     with load_graph(SPEC, on_error="skip", **kw) as loader:
         assert sum(len(b["label"]) for b in loader) == 4
         stats = loader.stats()["nodes"]
+        ledger = {(e["node"], e["sample"].rsplit("/", 1)[-1], e["error"]) for e in loader.skipped()["entries"]}
+        # read_tar's own ledger (the loader's state holds it as of the shuffle window's start)
+        own = [(e[0].rsplit("/", 1)[-1], e[1]) for e in loader.nodes["samples"].ledger.state()["entries"]]
     assert stats["samples"]["skipped_samples"] == 1 and stats["decode"]["skipped"] == 1
+    assert ("decode", "shard-000000.tar#k4", "SampleError") in ledger
+    assert own == [("shard-000000.tar#k2", "SampleError")]
     with load_graph(SPEC, **kw) as loader:
         with pytest.raises(SampleError, match=r"shard-000000\.tar: sample 'k2' at byte \d+: no \.cls member"):
             list(loader)
