@@ -66,6 +66,8 @@ def read_tar_state(state: dict) -> dict:
     stack = [state]
     while stack:
         obj = stack.pop()
+        if isinstance(obj, str) and obj.startswith("{"):  # a rank's state is kept as JSON text
+            obj = json.loads(obj)
         if isinstance(obj, dict):
             if {"source", "offset", "pos", "shards"} <= set(obj):
                 return obj
