@@ -8,6 +8,9 @@ packs them twice — as they are, and with ``pack(..., resize=320)`` — and pri
 * ``specs/imagenet-shards.yaml`` (224 px train crops, 2 decode threads) on each: a fresh loader
   per round, rounds alternating, 3 epochs per loader, the rate over epochs 2-3 (after start-up)
   and the first-batch latency;
+* per image on one thread: ``conveyor.image.train_transform`` (224 px) on the samples of each,
+  the median of 3 alternating passes over all of them (what decode costs, free of the
+  per-epoch start-up that dominates an epoch of 60 small images);
 * quality: PSNR of each packed-resized image against the original decoded in full and resized
   to the same size with Lanczos in one step (no re-encode), for ``--quality`` 90 (the default)
   and 95, and for the bundled ImageNet-size sample at ``--resize 256``.
@@ -59,6 +62,28 @@ def quality_of(files: list[Path], shorter: int, quality: int) -> list[float]:
     return out
 
 
+def kernel_ms(root: Path) -> float:
+    """Median ms of train_transform per sample of the shards under ``root``, one thread."""
+    import random
+
+    import torch
+
+    from conveyor.image import train_transform
+    from conveyor.nodes.list_files import ListFiles
+    from conveyor.nodes.read_tar import ReadTar
+
+    torch.set_num_threads(1)
+    node = ReadTar(ListFiles(url=f"{root}/*.tar"))
+    samples = list(node)
+    node.close()
+    times = []
+    for s in samples:
+        t = time.perf_counter()
+        train_transform(s, rng=random.Random(s["index"]), size=224)
+        times.append(time.perf_counter() - t)
+    return 1000 * C.median(times)
+
+
 def epochs_rate(root: Path, epochs: int = 3) -> tuple[float, float]:
     """(images/s over epochs 2.., first-batch seconds) of the shards spec on ``root``."""
     with load_graph(ROOT / "specs/imagenet-shards.yaml", root=str(root), batch_size=8,
@@ -106,12 +131,20 @@ def main() -> None:
                 rates[name].append((rate, first))
                 print(f"round {r} {name:>13}: {rate:7.1f} img/s (epochs 2-3), first batch {first:.2f} s, "
                       f"others used {share:.0%} of the CPUs", flush=True)
+        kernel: dict[str, list[float]] = {n: [] for n in packed}
+        for r in range(3):
+            for name in (list(packed) if r % 2 == 0 else list(reversed(packed))):
+                kernel[name].append(kernel_ms(packed[name]))
+        print("train_transform ms per image, one thread:", {n: [round(x, 2) for x in v] for n, v in kernel.items()})
         base = C.median([x[0] for x in rates["as-is"]])
         print()
-        print(C.md_table(["shards", "img/s, epochs 2-3 (median)", "x as-is", "first batch s (median)"],
+        k0 = C.median(kernel["as-is"])
+        print(C.md_table(["shards", "img/s, epochs 2-3 (median)", "x as-is", "first batch s (median)",
+                          "train_transform ms/img, 1 thread", "x as-is"],
                          [[n, f"{C.median([x[0] for x in v]):.1f}", f"{C.median([x[0] for x in v]) / base:.2f}",
-                           f"{C.median([x[1] for x in v]):.2f}"] for n, v in rates.items()],
-                         [False, True, True, True]))
+                           f"{C.median([x[1] for x in v]):.2f}", f"{C.median(kernel[n]):.2f}",
+                           f"{k0 / C.median(kernel[n]):.1f}"] for n, v in rates.items()],
+                         [False, True, True, True, True, True]))
         print()
         rows = []
         for q in (90, 95):
