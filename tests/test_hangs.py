@@ -205,3 +205,65 @@ def test_worker_processes_end_when_the_main_process_is_killed(write_spec) -> Non
             if not _gone(pid):
                 os.kill(pid, signal.SIGKILL)
         main.stdout.close()
+
+
+# ----- a stopped worker process: the watchdog says where, close() does not wait for it ------
+
+STOPPABLE_SPEC = f"""
+watchdog: 1
+workers: {{copies: 2, method: process, until: parse}}
+nodes:
+  files: {{op: list_files, url: "{NUMBERS}/*/*.txt"}}
+  shard: {{op: shard}}
+  parse: {{op: map, fn: "conveyor.files:read_numbers"}}
+  batch: {{op: batch, size: 2}}
+output: batch
+"""
+
+
+def test_a_stopped_worker_is_named_by_the_watchdog_and_killed_at_close(write_spec, caplog) -> None:
+    import os
+    import signal
+
+    loader = load_graph(write_spec(STOPPABLE_SPEC))
+    stopped = None
+
+    def endless() -> None:
+        try:
+            while True:
+                for _ in loader:
+                    pass
+        except RuntimeError:  # closed under it
+            pass
+
+    try:
+        next(iter(loader))  # (on a busy machine the workers' start may be reported as a stall)
+        copies = loader.nodes["parse"]
+        stopped = copies._workers[1]
+        os.kill(stopped.pid, signal.SIGSTOP)
+        caplog.clear()
+        threading.Thread(target=endless, daemon=True).start()
+        with caplog.at_level(logging.WARNING):
+            assert _wait_until(lambda: any("copy 1" in r.getMessage() for r in caplog.records))
+            said = next(r.getMessage() for r in caplog.records if "copy 1" in r.getMessage())
+            assert "no item has moved" in said
+            assert "'batch' (batch" in said and "'parse' (map, in worker copies up to here" in said, said
+            assert f"waits for worker copy 1 (process, pid {stopped.pid}, stopped" in said, said
+            t0 = time.monotonic()
+            loader.close()
+            assert time.monotonic() - t0 < 15  # a bound, not a speed: 10.5 s before, and a hung exit
+        assert stopped.exitcode == -signal.SIGKILL
+        assert any("killed worker copy 1" in r.getMessage() for r in caplog.records)
+    finally:
+        if stopped is not None and stopped.is_alive():
+            os.kill(stopped.pid, signal.SIGKILL)
+        loader.close()
+
+
+def test_the_watchdog_spec_key_is_checked(write_spec) -> None:
+    import pytest
+
+    from conveyor import SpecErrors
+
+    with pytest.raises(SpecErrors, match="watchdog must be a number of seconds >= 0"):
+        load_graph(write_spec(STOPPABLE_SPEC.replace("watchdog: 1", "watchdog: soon")))

@@ -15,6 +15,7 @@ fit), the epoch, the batches yielded in it, the rank and world, and the graph's 
 (``rank_states`` decodes it). A state differing from this graph's spec only in params that
 leave the data the same (``SAFE_PARAMS``: workers, prefetch depth, retries...) loads as it is. In a job of several ranks whose graph can give them uneven
 batch counts, every rank ends each epoch at the same batch (``conveyor/graphs/even.py``).
+A loader whose graph stalls says where it waits (``conveyor/graphs/watchdog.py``).
 ``close()`` (or ``with``) stops every thread and process;
 a loader nobody closed is closed when it is garbage-collected or the interpreter exits.
 """
@@ -32,6 +33,7 @@ from conveyor.graphs.compile import Compiled, digest, summary
 from conveyor.graphs.even import agreement_for
 from conveyor.graphs.instrument import node_perf
 from conveyor.graphs.length import UnknownLength, epoch_length
+from conveyor.graphs.watchdog import DEFAULT_AFTER, Watchdog, graph_progress, graph_report
 from conveyor.nodes._skips import gather
 
 log = logging.getLogger(__name__)
@@ -80,7 +82,9 @@ def rank_states(state: Any) -> dict[int, dict[str, Any]]:
     return out
 
 
-def _close_nodes(nodes: list[Any]) -> None:
+def _close_nodes(nodes: list[Any], dog: Watchdog | None = None) -> None:
+    if dog is not None:
+        dog.stop()
     for node in nodes:
         close = getattr(node, "close", None)
         if callable(close):
@@ -150,7 +154,10 @@ class Loader:
         self._cut = False          # this epoch was ended by the ranks' agreement, not by the data
         self._epochs_cut = 0
         inner = [compiled.nodes[n].inner for n in reversed(compiled.order) if n in compiled.nodes]
-        self._finalizer = weakref.finalize(self, _close_nodes, inner)
+        after = getattr(compiled.plan, "watchdog", DEFAULT_AFTER)
+        self._dog = Watchdog(after, progress=graph_progress(compiled), report=graph_report(compiled)) \
+            if after else None
+        self._finalizer = weakref.finalize(self, _close_nodes, inner, self._dog)
 
     # ----- epochs -------------------------------------------------------------------------
     @property
@@ -208,7 +215,15 @@ class Loader:
         for counted in self._c.nodes.values():
             counted.items = 0
         self._peeked, self._peek_state = [], None  # read ahead from the position being left
-        self._root.reset(graph_state)
+        dog = self._dog
+        if dog is not None:
+            dog.start()
+            dog.entered += 1  # a reset may wait too (a worker's start, a shuffle's first window)
+        try:
+            self._root.reset(graph_state)
+        finally:
+            if dog is not None:
+                dog.left += 1
         self._started = True
         self._taken = False
         self._exhausted = False
@@ -267,10 +282,16 @@ class Loader:
             self._peek_state = None
             have = item is not _END
         else:
+            dog = self._dog
+            if dog is not None:
+                dog.entered += 1  # the watchdog looks whether the caller waits here and for how long
             try:
                 item = next(self._root)
             except StopIteration:
                 have = False
+            finally:
+                if dog is not None:
+                    dog.left += 1
         all_have = have if self._agree is None else self._agree.all_have(have)  # every rank calls it
         if not all_have:
             self._exhausted = True

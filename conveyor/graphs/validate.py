@@ -29,7 +29,7 @@ from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, is_builtin, op_
 from conveyor.graphs.yaml_loader import Located
 
 SECRET_PARAMS = ("storage_options",)  # never shown; compile.py keeps them out of states too
-TOP_KEYS = ("params", "nodes", "output", "resumable", "workers", "even_batches", "description")
+TOP_KEYS = ("params", "nodes", "output", "resumable", "workers", "even_batches", "watchdog", "description")
 NODE_KEYS = ("op", "input")
 MAX_NODES = 500  # keeps the checks (did-you-mean hints compare names) within seconds
 BATCHING_OPS = ("batch", "bucket_batch")
@@ -63,6 +63,7 @@ class Plan:
     copies: Any = None  # CopiesPlan from the top-level `workers`, or None
     even_batches: str = "auto"  # auto | always | never: see conveyor/graphs/even.py
     secret_params: frozenset = frozenset()  # params that reach storage_options: never shown
+    watchdog: float = 60.0  # seconds of stall before a warning says where: conveyor/graphs/watchdog.py
 
 
 class _Errors:
@@ -349,6 +350,11 @@ def _validate(doc: Located, overrides: Mapping[str, Any] | None, secret: set[str
         errs.add(f"even_batches must be one of {' | '.join(EVEN_MODES)}, got {even!r}", ("even_batches",))
         even = "auto"
 
+    watchdog = data.get("watchdog", 60)
+    if isinstance(watchdog, bool) or not isinstance(watchdog, (int, float)) or not watchdog >= 0:
+        errs.add(f"watchdog must be a number of seconds >= 0 (0: off), got {watchdog!r}", ("watchdog",))
+        watchdog = 60
+
     nodes: dict[str, NodePlan] = {}
     if not isinstance(raw_nodes, dict) or not raw_nodes:
         errs.add("the spec needs 'nodes': a mapping of name: {op: ..., params}",
@@ -434,7 +440,7 @@ def _validate(doc: Located, overrides: Mapping[str, Any] | None, secret: set[str
     if errs.items:
         raise SpecErrors(errs.items)
     return Plan(doc.path, params, nodes, output, resumable, seed if isinstance(seed, int) else 0,
-                copies, even)
+                copies, even, watchdog=float(watchdog))
 
 
 def env_unset_message(ref: str) -> str:

@@ -2,9 +2,9 @@
 
 torchdata's ``ParallelMapper`` starts a reader thread, N workers and a sorting thread for
 every epoch and joins them at the next reset (~0.1 s: they poll a stop flag), and each item
-crosses three queues. ``OrderedThreads`` keeps one ``ThreadPoolExecutor`` for the node's
-life: the caller's thread reads the input and submits up to ``window`` items ahead, then
-takes results in input order, so an item crosses one queue and one future.
+crosses three queues. ``OrderedThreads`` keeps one set of threads for the node's life: the
+caller's thread reads the input and submits up to ``window`` items ahead, then takes results
+in input order, so an item crosses one queue and one future.
 
 The threads are daemon threads of this module's own, not a ``ThreadPoolExecutor``'s: ``close()``
 waits a bounded time (``CLOSE_WAIT``) for them and abandons, with a warning naming the node,
@@ -164,6 +164,10 @@ class OrderedThreads:
         """(the input's state at a snapshot, items emitted after it)."""
         at, state = self._snaps[0]
         return state, self._emitted - at
+
+    def running(self) -> int:
+        """Items inside ``call`` now."""
+        return sum(1 for fut in list(self._pending) if fut.running())
 
     def ready(self) -> int:
         """Results finished and not yet taken."""

@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
+from conveyor.nodes._children import describe, end_processes
 from conveyor.nodes._handoff import Packer, unpack
 from conveyor.nodes._parent import Parent, watch_parent
 from conveyor.nodes._pipes import PipeOut, make_pipe
@@ -49,6 +50,7 @@ _POLL = 0.1
 _FIRST_CHUNK = 8
 BASE_KEY, SKIP_KEY = "base", "skip"
 _PACKER = Packer()  # per process: a worker that finds shared memory failing stops trying
+CLOSE_WAIT = 10.0  # seconds close() gives workers to leave on their own (a stopped one: none)
 _CHUNK_BYTES = 4 << 20  # a chunk ends once its tensors hold this much (big items: few per chunk)
 
 
@@ -288,6 +290,8 @@ class WorkerCopies(BaseNode):
         self._stats: list[dict] = [{} for _ in range(copies)]
         self.startup_seconds: float | None = None
         self.epochs_run_ahead = 0  # epochs the workers began before they were asked
+        self.waiting_for: int | None = None  # the copy whose message next() waits for now
+        self.received = 0  # messages taken from the workers (the watchdog sees them move)
 
     # ----- workers ------------------------------------------------------------------------
     def _launch(self) -> None:
@@ -325,26 +329,31 @@ class WorkerCopies(BaseNode):
     def _get(self, w: int, timeout: float | None = None) -> tuple:
         """The next message of worker ``w`` for the current (generation, epoch)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            try:
-                msg = self._out[w].get(timeout=_POLL)
-            except (queue.Empty, EOFError, OSError) as gone:
-                broken = not isinstance(gone, queue.Empty)
-                if broken:  # its pipe closed, maybe half-way through a message: it is exiting
-                    self._workers[w].join(timeout=5)
-                if not self._workers[w].is_alive():
-                    raise RuntimeError(f"worker copy {w} {_death(self._workers[w])}") from None
-                if broken:
-                    raise RuntimeError(f"worker copy {w}: its pipe broke ({gone})") from gone
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"worker copy {w} did not start within {timeout:.0f} s")
-                continue
-            if msg[1] == _ITEMS and self._credits[w] is not None:
-                self._credits[w].release()  # taken (or dropped, if stale): the worker may send another
-            if msg[0] == -1 and msg[1] == _ERR:
-                raise msg[2]
-            if msg[0] == self._key:
-                return msg
+        self.waiting_for = w
+        try:
+            while True:
+                try:
+                    msg = self._out[w].get(timeout=_POLL)
+                except (queue.Empty, EOFError, OSError) as gone:
+                    broken = not isinstance(gone, queue.Empty)
+                    if broken:  # its pipe closed, maybe half-way through a message: it is exiting
+                        self._workers[w].join(timeout=5)
+                    if not self._workers[w].is_alive():
+                        raise RuntimeError(f"worker copy {w} {_death(self._workers[w])}") from None
+                    if broken:
+                        raise RuntimeError(f"worker copy {w}: its pipe broke ({gone})") from gone
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError(f"worker copy {w} did not start within {timeout:.0f} s")
+                    continue
+                if msg[1] == _ITEMS and self._credits[w] is not None:
+                    self._credits[w].release()  # taken (or dropped, if stale): the worker may send another
+                if msg[0] == -1 and msg[1] == _ERR:
+                    raise msg[2]
+                if msg[0] == self._key:
+                    self.received += 1
+                    return msg
+        finally:
+            self.waiting_for = None
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -431,6 +440,15 @@ class WorkerCopies(BaseNode):
             return item
         raise StopIteration
 
+    def waiting_on(self) -> str | None:
+        """What ``next()`` waits for now, in words (for the loader's watchdog), or None."""
+        w = self.waiting_for
+        if w is None or w >= len(self._workers):
+            return None
+        worker = self._workers[w]
+        how = describe(worker) if self.method == "process" else ("alive" if worker.is_alive() else "ended")
+        return f"waits for worker copy {w} ({self.method}, {how})"
+
     def ready(self) -> int:
         """Items received from the workers and not yet taken (in pipes: not counted)."""
         return sum(len(c) - t for c, t in zip(self._chunk, self._taken))
@@ -469,11 +487,17 @@ class WorkerCopies(BaseNode):
         if self.method == "process":
             for out in self._out:
                 out.close()  # a worker blocked writing to a full pipe now gets BrokenPipeError
-        for worker in self._workers:
-            worker.join(timeout=5)
-            if self.method == "process" and worker.is_alive():
-                worker.terminate()
-                worker.join(timeout=5)
+        if self.method == "process":  # a stopped worker is killed at once, any other after a while
+            end_processes([(f"worker copy {w}", p) for w, p in enumerate(self._workers)], wait=CLOSE_WAIT)
+        else:
+            deadline = time.monotonic() + CLOSE_WAIT
+            for worker in self._workers:
+                worker.join(timeout=max(0.0, deadline - time.monotonic()))
+            stuck = [w for w, t in enumerate(self._workers) if t.is_alive()]
+            if stuck:
+                log.warning("closing: worker copies %s (threads) are still busy %.0f s after they were "
+                            "asked to stop; abandoned (daemon threads: they do not hold up the exit)",
+                            stuck, CLOSE_WAIT)
         if self.method == "process":
             for q in self._cmd:
                 q.close()

@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 from torchdata.nodes import BaseNode, ParallelMapper
 
+from conveyor.nodes._children import describe, end_processes
 from conveyor.nodes._parent import watch_parent
 from conveyor.nodes._pool import OrderedThreads
 from conveyor.nodes._rng import derive_seed
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 _SEED_MASK = (1 << 63) - 1  # torch.Generator seeds are signed 64-bit
 METHODS = ("thread", "process")
+CLOSE_WAIT = 10.0  # seconds close() gives worker processes to leave (a stopped one: none)
 ON_ERROR = ("raise", "skip")
 
 
@@ -215,6 +217,7 @@ class Map(BaseNode):
         self.skipped = 0
         self.ledger = SkipLedger()
         self._pm: ParallelMapper | None = None  # processes, or threads unordered
+        self._retired: list[Any] = []  # worker processes of earlier epochs, maybe still exiting
         self._pool: OrderedThreads | None = None  # threads, in order: persists across epochs
         if workers and method == "process":
             register_after_fork(self.call, _Call.watch_parent)  # under fork nothing is unpickled
@@ -229,15 +232,36 @@ class Map(BaseNode):
     def stats(self) -> dict[str, int]:
         return {"skipped": self.skipped}
 
+    def _processes(self) -> list[Any]:
+        """The worker processes of the running ParallelMapper (none for threads)."""
+        it = getattr(getattr(self._pm, "_it", None), "_it", None)
+        return list(getattr(it, "_workers", [])) if self.method == "process" else []
+
     def _stop_pm(self) -> None:
         if self._pm is not None:
-            shutdown_torchdata(self._pm)
+            procs = self._processes()
+            shutdown_torchdata(self._pm)  # asks the workers to stop; joins each for 0.5 s
             self._pm = None
+            # those still finishing their items are ended at close() if they have not left by then
+            self._retired = [p for p in self._retired + procs if p.is_alive()]
 
     def close(self) -> None:
         self._stop_pm()
+        if self._retired:  # a stopped worker is killed at once, any other after CLOSE_WAIT s
+            end_processes([(f"{self.where}: worker process", p) for p in self._retired], wait=CLOSE_WAIT)
+            self._retired = []
         if self._pool is not None:
             self._pool.close()
+
+    def waiting_on(self) -> str | None:
+        """What this node's workers are doing, in words (for the loader's watchdog)."""
+        if self._pool is not None:
+            busy = self._pool.running()
+            return f"{busy} item(s) inside fn on its {self.workers} threads" if busy else None
+        procs = self._processes()
+        if procs:
+            return "its worker processes: " + "; ".join(describe(p) for p in procs)
+        return None
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)

@@ -1,0 +1,72 @@
+"""What the main process knows of its worker processes, and ending them within a bound.
+
+A worker stopped with SIGSTOP (or held by a debugger) neither exits when asked nor dies of
+SIGTERM until it is continued; ``multiprocessing``'s own exit hook terminates and then joins
+daemonic children without a bound, so one stopped worker held ``close()`` for 10 s and the
+interpreter's exit for ever (issue 13). ``end_processes`` gives workers ``wait`` seconds to
+leave on their own, kills a stopped one at once, and kills with SIGKILL (which a stopped
+process does not hold off) whatever is left when the time is up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable
+
+log = logging.getLogger(__name__)
+
+_STATES = {"R": "running", "S": "waiting", "D": "in uninterruptible I/O", "Z": "exited (a zombie)",
+           "T": "stopped (SIGSTOP, or a debugger)", "t": "stopped by a debugger", "X": "dead"}
+
+
+def state(pid: int | None) -> str | None:
+    """The process's state letter from /proc (``T``: stopped), or None where unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def describe(proc: Any) -> str:
+    """``pid 123, stopped (SIGSTOP, or a debugger)`` for a ``multiprocessing`` process."""
+    pid = getattr(proc, "pid", None)
+    letter = state(pid)
+    if letter is None:
+        alive = proc.is_alive() if hasattr(proc, "is_alive") else None
+        return f"pid {pid}, " + ("alive" if alive else f"exit code {getattr(proc, 'exitcode', None)}")
+    return f"pid {pid}, {_STATES.get(letter, letter)}"
+
+
+def _stopped(proc: Any) -> bool:
+    return state(getattr(proc, "pid", None)) in ("T", "t")
+
+
+def end_processes(named: Iterable[tuple[str, Any]], *, wait: float) -> list[str]:
+    """Join processes already asked to stop, given as ``(name, process)``, within ``wait``
+    seconds; kill a stopped one at once and any still alive after ``wait``. Returns what was
+    killed, in words (also logged as a warning)."""
+    left = [(name, p) for name, p in named if p.pid is not None]
+    deadline = time.monotonic() + wait
+    killed: list[str] = []
+    while left:
+        now = time.monotonic()
+        for name, p in list(left):
+            if not p.is_alive():
+                left.remove((name, p))
+                continue
+            stopped = _stopped(p)
+            if stopped or now >= deadline:
+                killed.append(f"{name} ({describe(p)})" if stopped else
+                              f"{name} ({describe(p)}; still there {wait:.0f} s after it was asked to stop)")
+                p.kill()
+                p.join(timeout=2)
+                left.remove((name, p))
+        if left:
+            left[0][1].join(timeout=0.05)
+    if killed:
+        log.warning("closing: killed %s", "; ".join(killed))
+    return killed
