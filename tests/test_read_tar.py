@@ -281,7 +281,7 @@ def test_shard_cut_between_samples_or_empty_is_an_error_or_a_counted_skip(shards
         _read(tmp_path / "one-zero-block.tar")
 
 
-def test_sample_counts_from_the_pack_index_are_checked(shards: Path, tmp_path: Path) -> None:
+def test_sample_counts_from_the_pack_index_are_checked(shards: Path, tmp_path: Path, caplog) -> None:
     copy = tmp_path / "train"
     copy.mkdir()
     for p in shards.iterdir():
@@ -295,6 +295,11 @@ def test_sample_counts_from_the_pack_index_are_checked(shards: Path, tmp_path: P
     node = ReadTar(ListFiles(url=f"{copy}/*.tar"), on_error="skip")
     assert len(list(node)) == 200 and node.stats()["skipped_shards"] == 1  # its samples were all read
     node.close()
+    (copy / "index.json").unlink()
+    (copy / "index.json").mkdir()  # an index that cannot be read: said, and the counts go unchecked
+    with caplog.at_level("WARNING", logger="conveyor.nodes.read_tar"):
+        assert len(list(ReadTar(ListFiles(url=f"{copy}/*.tar")))) == 200
+    assert "index.json" in caplog.text and "sample counts are not checked" in caplog.text
 
 
 def test_sample_missing_a_field_or_with_a_bad_cls_names_shard_and_key(tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from conveyor.errors import ConveyorError, SampleError
+from conveyor.errors import ConveyorError, SampleError, SourceError
 from conveyor.nodes._tar import BLOCK, Shard, sample_problem
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger
 from conveyor.storage import RetryPolicy, Storage, redact
@@ -147,9 +147,11 @@ class ReadTar(BaseNode[dict]):
                 raw = self.storage.call(f"{folder}/{INDEX_NAME}", "cat_file")
                 index = json.loads(raw)
                 counts = {s["name"]: int(s["samples"]) for s in index.get("shards", [])}
-            except SampleError as exc:
+            except (SampleError, SourceError) as exc:  # no index: nothing to check against
                 if classify(exc.__cause__ or exc) != NOT_FOUND:
-                    raise
+                    log.warning("%s: cannot read %s/%s (%s); shard sample counts are not checked",
+                                self.where, redact(folder, self.storage.options), INDEX_NAME,
+                                redact(str(exc), self.storage.options))
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 log.warning("%s: %s/%s is not a conveyor shard index (%s); shard sample counts "
                             "are not checked", self.where, redact(folder, self.storage.options),
