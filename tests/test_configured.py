@@ -68,14 +68,14 @@ nodes:
 def test_args_and_init_are_bound_to_the_signature_when_the_spec_is_checked():
     with pytest.raises(SpecErrors) as info:
         check_spec(load_yaml(BAD, "bad.yaml"))
-    got = [(e.line, e.col, e.node, e.param, e.message) for e in info.value.errors]
+    got = [(e.line, e.col, e.node, e.param, e.message) for e in info.value.errors]  # at the bad key
     assert got == [
-        (3, 41, "a", "args", "byo_fns:scale has no argument 'kk' (did you mean 'k'?)"),
+        (3, 42, "a", "args", "byo_fns:scale has no argument 'kk' (did you mean 'k'?)"),
         (4, 6, "b", "args", "byo_fns:scale: missing a required argument: 'k'"),
         (5, 55, "c", "init", "init goes to a class's constructor, but byo_fns:scale is a function, not a class"),
-        (6, 42, "d", "init", "byo_fns:Jitter() has no argument 'scal' (did you mean 'scale'?)"),
-        (6, 59, "d", "args", "'rng' is given by the map itself (per sample); remove it from args"),
+        (6, 43, "d", "init", "byo_fns:Jitter() has no argument 'scal' (did you mean 'scale'?)"),
+        (6, 69, "d", "args", "'rng' is given by the map itself (per sample); remove it from args"),
         (7, 20, "e", "fn", "byo_fns:NotCallable is a class whose instances are not callable (no __call__)"),
-        (8, 44, "f", "args", "byo_fns:scale has no argument 'j'; it takes: k"),
+        (8, 51, "f", "args", "byo_fns:scale has no argument 'j'; it takes: k"),
     ], got
-    assert str(info.value.errors[0]).startswith("bad.yaml:3:41: node 'a' (map): param 'args': ")
+    assert str(info.value.errors[0]).startswith("bad.yaml:3:42: node 'a' (map): param 'args': ")

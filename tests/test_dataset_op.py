@@ -146,3 +146,4 @@ def test_bad_datasets_and_weights_are_spec_errors_with_lines():
         (8, "g", "weights", "weights go with sampler: weighted, and it needs them"),
     ], got
     assert str(info.value.errors[0]).startswith("bad.yaml:2:")
+    assert [e.col for e in info.value.errors[1:3]] == [92, 92]  # at the bad weight itself

@@ -27,8 +27,9 @@ def _signature(fn: Callable) -> inspect.Signature | None:
 
 
 def bind_problems(fn: Callable, args: dict[str, Any], *, item: bool, what: str,
-                  passed: bool = True) -> list[str]:
-    """What is wrong with calling ``fn([item,] **args)``; empty when the call binds.
+                  passed: bool = True) -> list[tuple[str | None, str]]:
+    """What is wrong with calling ``fn([item,] **args)``, as ``(key, message)`` (``key`` the
+    argument at fault, or ``None``); empty when the call binds.
 
     Args:
         fn: the callable (for a class, its constructor is checked).
@@ -47,7 +48,7 @@ def bind_problems(fn: Callable, args: dict[str, Any], *, item: bool, what: str,
     if item and passed:
         for name in PASSED_BY_MAP:
             if name in args:
-                problems.append(f"'{name}' is given by the map itself (per sample); remove it from args")
+                problems.append((name, f"'{name}' is given by the map itself (per sample); remove it from args"))
                 given.pop(name)
             elif name in params:
                 given[name] = None
@@ -57,18 +58,24 @@ def bind_problems(fn: Callable, args: dict[str, Any], *, item: bool, what: str,
             if key not in params or params[key].kind is inspect.Parameter.POSITIONAL_ONLY:
                 shown = [n for n in names if not (item and n == names[0])]
                 hint = did_you_mean(key, shown) or f"; it takes: {', '.join(shown) or 'no keyword arguments'}"
-                problems.append(f"{what} has no argument '{key}'{hint}")
+                problems.append((key, f"{what} has no argument '{key}'{hint}"))
     if problems:
         return problems
     try:
         sig.bind(*([object()] if item else []), **given)
     except TypeError as exc:
-        problems.append(f"{what}: {exc}")
+        problems.append((None, f"{what}: {exc}"))
     return problems
 
 
+def at_param(param: str, problems: list[tuple[str | None, str]]) -> list[tuple[Any, str]]:
+    """``bind_problems`` as the validator's ``(param or (param, key), message)``: a problem with
+    one argument points at its key."""
+    return [((param, key) if key is not None else param, message) for key, message in problems]
+
+
 def check_call(ref: str, args: dict[str, Any], init: dict[str, Any] | None, *,
-               randomness: bool = True) -> list[tuple[str, str]]:
+               randomness: bool = True) -> list[tuple[Any, str]]:
     """A map's (or filter's) ``fn``, ``args`` and ``init`` checked together, as
     ``[(param, message)]`` for the validator.
 
@@ -86,7 +93,7 @@ def check_call(ref: str, args: dict[str, Any], init: dict[str, Any] | None, *,
         call = next((vars(k)["__call__"] for k in fn.__mro__ if "__call__" in vars(k)), None)
         if call is None:
             return [("fn", f"{ref} is a class whose instances are not callable (no __call__)")]
-        errors += [("init", m) for m in bind_problems(fn, init or {}, item=False, what=f"{ref}()")]
+        errors += at_param("init", bind_problems(fn, init or {}, item=False, what=f"{ref}()"))
         try:
             sig = inspect.signature(call)
             bound = sig.replace(parameters=list(sig.parameters.values())[1:])
@@ -95,11 +102,12 @@ def check_call(ref: str, args: dict[str, Any], init: dict[str, Any] | None, *,
 
         def shaped(item: Any, **kw: Any) -> None: ...
         shaped.__signature__ = bound  # type: ignore[attr-defined]
-        errors += [("args", m) for m in bind_problems(shaped, args, item=True, what=f"{ref}.__call__",
-                                                      passed=randomness)]
+        errors += at_param("args", bind_problems(shaped, args, item=True, what=f"{ref}.__call__",
+                                            passed=randomness))
         return errors
     if init:
         errors.append(("init", f"init goes to a class's constructor, but {ref} is a "
                                f"{type(fn).__name__}, not a class"))
-    errors += [("args", m) for m in bind_problems(fn, args, item=True, what=ref, passed=randomness)]
+    errors += at_param("args", bind_problems(fn, args, item=True, what=ref, passed=randomness))
     return errors
+

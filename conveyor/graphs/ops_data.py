@@ -19,10 +19,10 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from conveyor.dataset import DatasetHandle, check_dataset, open_dataset
-from conveyor.graphs.fn_check import bind_problems
+from conveyor.graphs.fn_check import at_param, bind_problems
 from conveyor.graphs.ops import BuildContext
 from conveyor.graphs.registry import OpSpec, param, resolve_attr
-from conveyor.nodes.dataset import DatasetSampler, weights_problem
+from conveyor.nodes.dataset import DatasetSampler, bad_weight
 from conveyor.nodes.iterable import IterableSource
 
 
@@ -57,14 +57,14 @@ def _weights(p: DatasetParams, dataset: Any) -> list[float] | None:
     return [float(w) if isinstance(w, (int, float)) and not isinstance(w, bool) else w for w in value]
 
 
-def _check_dataset(p: DatasetParams, n_inputs: int) -> list[tuple[str, str]]:
-    errors: list[tuple[str, str]] = []
+def _check_dataset(p: DatasetParams, n_inputs: int) -> list[tuple[Any, str]]:
+    errors: list[tuple[Any, str]] = []
     try:
         target = resolve_attr(p.dataset)
     except ValueError as exc:
         return [("dataset", str(exc))]
     if isinstance(target, type) or (callable(target) and not hasattr(target, "__getitem__")):
-        errors += [("args", m) for m in bind_problems(target, p.args, item=False, what=p.dataset)]
+        errors += at_param("args", bind_problems(target, p.args, item=False, what=p.dataset))
         if errors:
             return errors
     try:
@@ -84,9 +84,11 @@ def _check_dataset(p: DatasetParams, n_inputs: int) -> list[tuple[str, str]]:
         weights = _weights(p, dataset)
     except Exception as exc:
         return [("weights", f"{p.weights}: {type(exc).__name__}: {exc}")]
-    problem = weights_problem(weights, n)  # type: ignore[arg-type]
-    if problem:
-        return [("weights", problem)]
+    found = bad_weight(weights, n)  # type: ignore[arg-type]
+    if found is not None:
+        index, problem = found
+        at = ("weights", index) if index is not None and isinstance(p.weights, list) else "weights"
+        return [(at, problem)]
     positive = sum(1 for w in weights if w > 0)  # type: ignore[union-attr]
     if not p.replacement and (p.num_samples or n) > positive:
         return [("num_samples", f"{p.num_samples or n} draws without replacement need as many items "
@@ -127,7 +129,7 @@ def _check_iterable(p: IterableParams, n_inputs: int) -> list[tuple[str, str]]:
     except ValueError as exc:
         return [("iterable", str(exc))]
     if isinstance(target, type) or (callable(target) and not hasattr(target, "__iter__")):
-        return [("args", m) for m in bind_problems(target, p.args, item=False, what=p.iterable)]
+        return at_param("args", bind_problems(target, p.args, item=False, what=p.iterable))
     if not hasattr(target, "__iter__"):
         return [("iterable", f"{p.iterable} is an object of type {type(target).__name__}: neither iterable "
                              "nor a class or factory")]

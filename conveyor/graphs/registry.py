@@ -43,7 +43,8 @@ class OpSpec:
         inputs: ``"none"`` (a source), ``"one"`` or ``"many"`` (fan-in, inputs named as a list).
         doc: one line for ``conveyor show`` and error hints.
         check: optional ``check(params, n_inputs) -> [(param, message)]`` for rules that
-            span several params or the inputs.
+            span several params or the inputs; ``param`` may be a path into a param,
+            ``("args", "size")`` or ``("weights", 3)``, to point at that key or item.
         length: optional ``length(params, input_counts, where, source_count) -> int | None``,
             the node's items per epoch for ``len(loader)`` (see graphs/length.py); the
             built-in ops have theirs in ``length.LENGTH``.

@@ -388,7 +388,9 @@ def _validate(doc: Located, overrides: Mapping[str, Any] | None, secret: set[str
         typed, raw = _check_params(op, name, body, scope, errs)
         if typed is not None and op.check is not None and inputs_ok:
             for pname, message in op.check(typed, len(inputs)):
-                errs.add(message, at + (pname,), node=name, op=op.name, param=pname)
+                # a param, or a path into one (("args", "sizee")): then the key or item it names
+                path = pname if isinstance(pname, tuple) else (pname,)
+                errs.add(message, at + path, key=len(path) > 1, node=name, op=op.name, param=path[0])
         nodes[name] = NodePlan(name, op, typed, inputs, nline, ncol, raw)
         previous = name
 

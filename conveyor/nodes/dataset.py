@@ -31,19 +31,26 @@ from conveyor.nodes._rng import derive_seed
 SAMPLERS = ("sequential", "shuffle", "weighted")
 
 
-def weights_problem(weights: Sequence[float], n: int) -> str | None:
-    """Why ``weights`` cannot weigh a dataset of ``n`` items, or ``None``."""
+def bad_weight(weights: Sequence[float], n: int) -> tuple[int | None, str] | None:
+    """Why ``weights`` cannot weigh a dataset of ``n`` items, as (the first bad weight's index
+    or None, message), or ``None`` when they can."""
     if len(weights) != n:
-        return f"expected one weight per item ({n}), got {len(weights)}"
+        return None, f"expected one weight per item ({n}), got {len(weights)}"
     bad = [(i, w) for i, w in enumerate(weights) if not isinstance(w, (int, float)) or isinstance(w, bool)
            or math.isnan(w) or math.isinf(w) or w < 0]
     if bad:
         i, w = bad[0]
-        return f"weights must be finite numbers >= 0; weight {i} is {w!r}" + (
+        return i, f"weights must be finite numbers >= 0; weight {i} is {w!r}" + (
             f" ({len(bad)} such weights)" if len(bad) > 1 else "")
     if not any(w > 0 for w in weights):
-        return "weights are all 0: nothing could be drawn"
+        return None, "weights are all 0: nothing could be drawn"
     return None
+
+
+def weights_problem(weights: Sequence[float], n: int) -> str | None:
+    """Why ``weights`` cannot weigh a dataset of ``n`` items, or ``None``."""
+    found = bad_weight(weights, n)
+    return None if found is None else found[1]
 
 
 def epoch_order(n: int, *, sampler: str, seed: int, epoch: int, weights: Sequence[float] | None = None,
