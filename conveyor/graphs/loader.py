@@ -29,6 +29,7 @@ import weakref
 from typing import Any, Iterator
 
 from conveyor.errors import ConveyorError, StateError
+from conveyor.graphs import elastic
 from conveyor.graphs.compile import Compiled, digest, summary
 from conveyor.graphs.even import agreement_for
 from conveyor.graphs.instrument import node_perf
@@ -391,16 +392,31 @@ class Loader:
         Args:
             state: from ``state_dict()``, possibly after a JSON, ``torch.save``/``torch.load``
                 or ``torch.distributed.checkpoint`` round trip; states of several ranks merged
-                into one dict are fine (each rank takes its own entry).
+                into one dict (or a list of them) are fine (each rank takes its own entry).
+                The states of *every* rank of a run with another world size or number of
+                worker copies resume elastically: the interrupted epoch goes on with what no
+                old rank consumed, dealt evenly to the new ranks, and the next epochs are this
+                world's (see conveyor/graphs/elastic.py).
             strict: refuse params that change the data (seed, sizes, fn...). With
                 ``strict=False`` such differences are logged as warnings and the state loads.
 
         Raises:
-            StateError: the state is from another format, graph, rank or world size, or (with
-                ``strict``) from a spec whose params change the data.
+            StateError: the state is from another format or graph, is another rank's, is not
+                every rank's of a run of another world size, or (with ``strict``) is from a spec
+                whose params change the data; or a graph that cannot resume elastically (the
+                error names the node that stops it).
         """
         self._check_open()
-        own = self._own_state(state)
+        by_rank = elastic.merged_rank_states(state, rank_states)
+        own = by_rank.get(self._c.rank)
+        if own is None or (own.get("world"), self._copies_of(own)) != (self._c.world, self._copies_of(None)):
+            if elastic.complete(by_rank):  # every rank of another world size or copies: elastic
+                for one in by_rank.values():
+                    self._check_fits(one, strict, elastic=True)
+                self._generation += 1
+                self._resume_elastic(elastic.plan_resume(self._c.plan, list(by_rank.values())))
+                return
+        own = self._own_state(by_rank)
         self._check_fits(own, strict)
         if not self._c.plan.resumable:
             log.warning("%s declares resumable: false: this state restores the position of every "
@@ -409,33 +425,65 @@ class Loader:
         self._generation += 1  # an iterator from before the load ends
         self._restore(own)
 
-    def _own_state(self, state: Any) -> dict[str, Any]:
-        """This rank's entry of ``state`` (decoded)."""
-        by_rank = rank_states(state)
+    def _own_state(self, by_rank: dict[int, dict[str, Any]]) -> dict[str, Any]:
+        """This rank's entry of the decoded states."""
         own = by_rank.get(self._c.rank)
         if own is None and len(by_rank) == 1:
             own = next(iter(by_rank.values()))  # one rank's state: _check_fits names the mismatch
         if own is None:
             raise StateError(f"the state holds rank(s) {sorted(by_rank)}, this is rank {self._c.rank} of "
-                             f"world {self._c.world}: load each rank's own state, with the same world size")
+                             f"world {self._c.world}: load each rank's own state with the same world "
+                             "size, or the states of every rank of the old run to resume elastically")
         return own
 
-    def _check_fits(self, state: dict[str, Any], strict: bool) -> None:
+    def _copies_of(self, state: dict[str, Any] | None) -> int:
+        workers = (self._summary["workers"] if state is None else state.get("workers")) or {}
+        return workers.get("copies", 1)
+
+    def _check_fits(self, state: dict[str, Any], strict: bool, elastic: bool = False) -> None:
         if state.get("format") != RANK_FORMAT:
             raise StateError(f"rank state format {state.get('format')} is not supported (this conveyor "
                              f"writes format {RANK_FORMAT})")
-        if (state.get("rank"), state.get("world")) != (self._c.rank, self._c.world):
+        if not elastic and (state.get("rank"), state.get("world")) != (self._c.rank, self._c.world):
             raise StateError(f"state was saved by rank {state.get('rank')} of world {state.get('world')}, "
                              f"this is rank {self._c.rank} of world {self._c.world}: load each rank's "
-                             "own state, with the same world size")
+                             "own state with the same world size, or the states of every rank of the "
+                             "old run to resume elastically")
         saved_w, now_w = state.get("workers") or {}, self._summary["workers"] or {}
-        if (saved_w.get("copies", 1), saved_w.get("until")) != (now_w.get("copies", 1), now_w.get("until")):
+        saved_until = saved_w.get("until") if saved_w.get("copies", 1) > 1 else None
+        now_until = now_w.get("until") if now_w.get("copies", 1) > 1 else None
+        if elastic and saved_until and now_until and saved_until != now_until:
+            raise StateError(f"state was taken with worker copies up to '{saved_until}', this graph "
+                             f"runs them up to '{now_until}'")
+        if not elastic and (saved_w.get("copies", 1), saved_w.get("until")) != (now_w.get("copies", 1),
+                                                                                 now_w.get("until")):
             raise StateError(f"state was taken with {saved_w.get('copies', 1)} worker copies up to "
                              f"'{saved_w.get('until')}', this graph runs {now_w.get('copies', 1)} up to "
-                             f"'{now_w.get('until')}': a state resumes only with the same copies "
-                             "(each copy's position is part of it)")
+                             f"'{now_w.get('until')}': load the states of every rank of the old run to "
+                             "resume with other copies (elastic)")
         if state.get("digest") != self._digest:
             self._compare(state.get("spec") or {}, strict)
+
+    def _resume_elastic(self, plan: dict[str, Any]) -> None:
+        """Start the epoch an old run was interrupted in, dealing what it left (graphs/elastic.py)."""
+        epoch, deal = plan["epoch"], plan["deal"]
+        if deal is None:  # that epoch was over: the next one begins
+            self._start(epoch + 1, None)
+            self._yielded = 0
+            return
+        for counted in self._c.nodes.values():
+            set_deal = getattr(counted.inner, "set_deal", None)
+            if callable(set_deal):
+                set_deal(deal)
+        self._start(epoch, None)
+        self._yielded = 0
+        state = self._rank_state()
+        try:
+            self._peeked = [next(self._root)]
+            self._peek_state = state
+        except StopIteration:  # nothing left for this rank: the next epoch begins
+            self._start(epoch + 1, None)
+            self._yielded = 0
 
     def _compare(self, saved: dict[str, Any], strict: bool) -> None:
         now = self._summary["nodes"]

@@ -16,6 +16,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.graphs.registry import Fn, OpSpec, param, resolve_fn
 from conveyor.nodes._configured import PerWorker
+from conveyor.nodes._elastic import Cursor
 from conveyor.nodes.batch import Batch
 from conveyor.nodes.collate import Collate
 from conveyor.nodes.filter import Filter
@@ -104,13 +105,18 @@ class ShardParams:
     equalize: Equalize = param(Equalize.repeat, doc="repeat | drop | none: same item count per rank")
 
 
-def _build_shard(p: ShardParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+def shard_slot(p: ShardParams, ctx: BuildContext) -> dict[str, Any]:
+    """The shard's rank, world, worker, workers and equalize in the graph ``ctx`` describes."""
     by_rank = ShardBy.rank in p.by
-    rank = (ctx.rank if p.rank is None else p.rank) if by_rank else 0
-    world = (ctx.world if p.world is None else p.world) if by_rank else 1
     by_worker = ShardBy.worker in p.by
-    return Shard(inputs[0], rank=rank, world=world, worker=ctx.worker if by_worker else 0,
-                 workers=ctx.workers if by_worker else 1, equalize=p.equalize.value)
+    return {"rank": (ctx.rank if p.rank is None else p.rank) if by_rank else 0,
+            "world": (ctx.world if p.world is None else p.world) if by_rank else 1,
+            "worker": ctx.worker if by_worker else 0, "workers": ctx.workers if by_worker else 1,
+            "equalize": p.equalize.value}
+
+
+def _build_shard(p: ShardParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return Shard(inputs[0], **shard_slot(p, ctx))
 
 
 @dataclass(frozen=True)
@@ -258,40 +264,76 @@ def _check_mix(p: MixParams, n_inputs: int) -> list[tuple[str, str]]:
     return errors
 
 
+# Elastic resume (conveyor/graphs/elastic.py): from what was consumed of an op's output, what
+# was consumed of its input. `ctx` holds the old slot's BuildContext (`build`) and `epoch`.
+def elastic_through(p: Any, ctx: Any, cursor: Cursor) -> Cursor:
+    """One item in, one out, the input's state nested under ``source``."""
+    return cursor.through()
+
+
+def _elastic_shuffle(p: ShuffleBufferParams, ctx: Any, cursor: Cursor) -> Cursor:
+    return ShuffleBuffer.elastic_input(cursor, size=p.size, seed=ctx.build.seed_for(p.seed),
+                                       epoch=ctx.epoch, rank=ctx.build.rank, left_after=ctx.left_after)
+
+
+def _elastic_map(p: MapParams, ctx: Any, cursor: Cursor) -> Cursor:
+    if not p.ordered:
+        raise ValueError("ordered: false emits items in the order they finish, which no state records")
+    return Map.elastic_input(cursor)
+
+
+def _elastic_batch(p: BatchParams, ctx: Any, cursor: Cursor) -> Cursor:
+    return Batch.elastic_input(cursor, size=p.size)
+
+
+def _elastic_prefetch(p: PrefetchParams, ctx: Any, cursor: Cursor) -> Cursor:
+    return Prefetch.elastic_input(cursor)
+
+
 LIST_FILES = OpSpec("list_files", ListFilesParams, _build_list_files, "none",
-                    "files matching a glob, sorted, as {path, label, index}",
+                    "files matching a glob, sorted, as {path, label, index}; a global order "
+                    "(elastic above a shard)",
                     items_in='', items_out='{path, label, index} per file, sorted by path',
                     example='files: {op: list_files, url: "${root}/*/*.JPEG", label: parent_dir, shuffle: true}')
-SHARD = OpSpec("shard", ShardParams, _build_shard, "one", "keep this rank's share",
+SHARD = OpSpec("shard", ShardParams, _build_shard, "one", "keep this rank's share; elastic: re-deals what an "
+               "interrupted epoch left to a new world size or number of copies",
                items_in='any items', items_out="the same items: this rank's share (and this worker copy's)",
                example='shard: {op: shard, by: [rank, worker]}')
 SHUFFLE_BUFFER = OpSpec("shuffle_buffer", ShuffleBufferParams, _build_shuffle, "one",
-                        "shuffle within windows of `size` items",
+                        "shuffle within windows of `size` items; elastic below the shard (names what "
+                        "a partly drained window emitted), not above it (its order is per rank)",
+                        elastic=_elastic_shuffle,
                         items_in='any items (small records: shuffle before decoding)', items_out='the same items, shuffled within windows',
                         example='shuffle: {op: shuffle_buffer, size: 10000}')
-MAP = OpSpec("map", MapParams, _build_map, "one", "fn over items, in order, in threads or processes",
-             _check_map,
+MAP = OpSpec("map", MapParams, _build_map, "one", "fn over items, in order, in threads or processes; "
+             "elastic (not with ordered: false)", _check_map, elastic=_elastic_map,
              items_in='any items', items_out='what fn returns for each',
              example='decode: {op: map, fn: conveyor.image:train_transform, args: {size: 224}, workers: 4}')
-FILTER = OpSpec("filter", FilterParams, _build_filter, "one", "drop items where fn is false", _check_filter,
+FILTER = OpSpec("filter", FilterParams, _build_filter, "one", "drop items where fn is false; not elastic below a "
+                "shard (which items it kept is known only by running fn)", _check_filter,
                 items_in='any items', items_out='the items fn keeps (the rest are counted as filtered)',
                 example='keep: {op: filter, fn: mypkg.rules:long_enough, args: {min_len: 16}}')
-BATCH = OpSpec("batch", BatchParams, _build_batch, "one", "lists of `size` items",
+BATCH = OpSpec("batch", BatchParams, _build_batch, "one", "lists of `size` items; elastic", elastic=_elastic_batch,
                items_in='any items', items_out='lists of size items (the last may be shorter unless drop_last)',
                example='batch: {op: batch, size: 32, drop_last: true}')
-COLLATE = OpSpec("collate", NoParams, _build_collate, "one", "stack samples (default_collate)",
+COLLATE = OpSpec("collate", NoParams, _build_collate, "one", "stack samples (default_collate); elastic",
+                 elastic=elastic_through,
                  items_in='lists of samples (after batch)', items_out='a batch: tensors stacked, dicts and tuples field by field',
                  example='collate: {op: collate}')
-PIN_MEMORY = OpSpec("pin_memory", PinMemoryParams, _build_pin, "one", "page-locked memory on CUDA",
+PIN_MEMORY = OpSpec("pin_memory", PinMemoryParams, _build_pin, "one", "page-locked memory on CUDA; elastic",
+                    elastic=elastic_through,
                     items_in='batches', items_out='the same batches, in page-locked memory on CUDA',
                     example='pin: {op: pin_memory}')
-PREFETCH = OpSpec("prefetch", PrefetchParams, _build_prefetch, "one", "background thread, bounded queue",
+PREFETCH = OpSpec("prefetch", PrefetchParams, _build_prefetch, "one", "background thread, bounded queue; elastic",
+                  elastic=_elastic_prefetch,
                   items_in='any items', items_out='the same items, made ahead in a background thread',
                   example='out: {op: prefetch, depth: 4}')
 TO_DEVICE = OpSpec("to_device", ToDeviceParams, _build_to_device, "one",
-                   "copy batches to a GPU on a side stream, one ahead",
+                   "copy batches to a GPU on a side stream, one ahead; elastic",
+                   elastic=elastic_through,
                    items_in='batches', items_out='the same batches on the device',
                    example='gpu: {op: to_device, device: cuda}')
-MIX = OpSpec("mix", MixParams, _build_mix, "many", "weighted sampling over inputs", _check_mix,
+MIX = OpSpec("mix", MixParams, _build_mix, "many", "weighted sampling over inputs; not elastic below a "
+             "shard (its draws depend on every input's length)", _check_mix,
              items_in='several streams (input: [a, b])', items_out='their items, interleaved at random by weight',
              example='mixed: {op: mix, input: [cats, dogs], weights: [0.5, 0.5], stop: first}')

@@ -51,6 +51,10 @@ class OpSpec:
         items_in: what the op reads, for the reference (``conveyor ops OP``, docs/ops.md).
         items_out: what it yields.
         example: one spec line using it, ``name: {op: ..., ...}``.
+        elastic: for an op that can be resumed on another world size or number of worker
+            copies, ``elastic(params, ctx, cursor) -> cursor``: from what was consumed of
+            its output (a ``conveyor.nodes._elastic.Cursor``), what was consumed of its input
+            (see ``conveyor/graphs/elastic.py``). None: the op cannot (its doc says why).
     """
 
     name: str
@@ -63,6 +67,7 @@ class OpSpec:
     items_in: str = ""
     items_out: str = ""
     example: str = ""
+    elastic: Callable[[Any, Any, Any], Any] | None = None
 
 
 def param(default: Any = dataclasses.MISSING, *, min: float | None = None, doc: str = "",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from torchdata.nodes import BaseNode
 
+from conveyor.nodes._elastic import Cursor
+
 
 class Batch(BaseNode[list]):
     """Lists of ``size`` consecutive items; the last one shorter unless ``drop_last``.
@@ -50,3 +52,9 @@ class Batch(BaseNode[list]):
 
     def get_state(self) -> dict:
         return {self.SOURCE_KEY: self.source.state_dict()}
+
+    @staticmethod
+    def elastic_input(cursor: Cursor, *, size: int) -> Cursor:
+        """Consumed input items, from consumed batches (elastic resume): ``size`` per batch."""
+        state = None if cursor.state is None else cursor.state[Batch.SOURCE_KEY]
+        return cursor.scaled(state, size)

@@ -37,6 +37,7 @@ from typing import Any, Callable
 from torchdata.nodes import BaseNode
 
 from conveyor.nodes._children import describe, end_processes
+from conveyor.nodes._elastic import Cursor, compact
 from conveyor.nodes._handoff import Packer, unpack
 from conveyor.nodes._parent import Parent, watch_parent
 from conveyor.nodes._pipes import PipeOut, make_pipe
@@ -148,27 +149,34 @@ def _serve(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
         if cmd is not None:
             if cmd[0] == "stop":
                 return
-            _, gen, epoch, state = cmd
+            _, gen, epoch, state, deal = cmd
             cmd = ahead = None
         else:
-            (gen, epoch), state, ahead = ahead, None, None
-        cmd, ended = _run_epoch(root, nodes, cmd_q, out_q, stop, (gen, epoch), state, chunk, max_wait, by_value)
+            (gen, epoch), state, ahead, deal = ahead, None, None, None
+        cmd, ended = _run_epoch(root, nodes, cmd_q, out_q, stop, (gen, epoch), state, chunk, max_wait, by_value,
+                                deal)
         if ended and cmd is None and run_ahead:
             ahead = (gen, epoch + 1)
 
 
 def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, stop: Any, key: tuple,
-               state: dict | None, chunk: int, max_wait: float, by_value: bool) -> tuple[Any, bool]:
+               state: dict | None, chunk: int, max_wait: float, by_value: bool,
+               deal: dict | None = None) -> tuple[Any, bool]:
     """Send one epoch of the copy, tagged with ``key``; returns (a command that came in
-    meanwhile, whether the epoch was sent to its end)."""
+    meanwhile, whether the epoch was sent to its end). ``deal``: what is left of an epoch
+    interrupted on another world size (elastic resume), for the copy's shard."""
     epoch = key[1]
     try:
         for node in nodes.values():
             if hasattr(node, "items"):
                 node.items = 0
-            set_epoch = getattr(getattr(node, "inner", node), "set_epoch", None)
+            inner = getattr(node, "inner", node)
+            set_epoch = getattr(inner, "set_epoch", None)
             if callable(set_epoch):
                 set_epoch(epoch)
+            set_deal = getattr(inner, "set_deal", None)
+            if callable(set_deal):
+                set_deal(deal)
         if state is None:
             root.reset(None)
         else:
@@ -292,6 +300,7 @@ class WorkerCopies(BaseNode):
         self.epochs_run_ahead = 0  # epochs the workers began before they were asked
         self.waiting_for: int | None = None  # the copy whose message next() waits for now
         self.received = 0  # messages taken from the workers (the watchdog sees them move)
+        self._deal: dict | None = None  # set_deal: sent with the next start
 
     # ----- workers ------------------------------------------------------------------------
     def _launch(self) -> None:
@@ -358,12 +367,19 @@ class WorkerCopies(BaseNode):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def set_deal(self, deal: dict | None) -> None:
+        """Pass an elastic deal (see ``shard``) to the copies with the next epoch's start."""
+        self._deal = deal
+
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         if not self._workers:
             self._launch()
+        deal, self._deal = self._deal, None
+        if initial_state is not None or (deal is not None and deal["epoch"] != self.epoch):
+            deal = None
         ran_ahead = (self.run_ahead and initial_state is None and self._key is not None
-                     and all(self._done) and self.epoch == self._key[1] + 1)
+                     and all(self._done) and self.epoch == self._key[1] + 1 and deal is None)
         if ran_ahead:  # the workers went on into this epoch when they ended the last one
             self._key = (self._key[0], self.epoch)
             self.epochs_run_ahead += 1
@@ -380,7 +396,7 @@ class WorkerCopies(BaseNode):
             self._done = [False] * self.copies
         if not ran_ahead:
             for w in range(self.copies):
-                self._cmd[w].put(("start", self._gen, self.epoch, states[w]))
+                self._cmd[w].put(("start", self._gen, self.epoch, states[w], deal))
         self._base, self._chunk, self._taken = [], [[] for _ in range(self.copies)], [0] * self.copies
         for w in range(self.copies):
             msg = self._get(w, timeout=self.start_timeout)
@@ -456,6 +472,32 @@ class WorkerCopies(BaseNode):
     def get_state(self) -> dict:
         states = [{BASE_KEY: base, SKIP_KEY: taken} for base, taken in zip(self._base, self._taken)]
         return {self.COPIES_KEY: states, self.NEXT_KEY: self._next, self.DONE_KEY: list(self._done)}
+
+    @staticmethod
+    def elastic_split(cursor: Cursor, copies: int) -> list[Cursor]:
+        """Per copy, what was consumed of it (elastic resume), from what was consumed of the
+        merge: each copy's chunk state and the items taken from it, then the outputs after the
+        merge's state dealt round-robin from the copy whose turn it was (a copy that ends
+        within those few outputs is not foreseen)."""
+        state = cursor.state
+        if state is None:
+            bases, skips, turn, done = [None] * copies, [0] * copies, 0, [False] * copies
+        else:
+            bases = [c[BASE_KEY] for c in state[WorkerCopies.COPIES_KEY]]
+            skips = [c[SKIP_KEY] for c in state[WorkerCopies.COPIES_KEY]]
+            turn, done = state[WorkerCopies.NEXT_KEY], state[WorkerCopies.DONE_KEY]
+        order = [(turn + i) % copies for i in range(copies) if not done[(turn + i) % copies]]
+        after: list[list[int]] = [[] for _ in range(copies)]
+        outs = list(range(cursor.more)) + [cursor.more + e for e in cursor.extra]
+        if outs and not order:
+            raise ValueError("outputs consumed after every worker copy had ended")
+        for o in outs:
+            after[order[o % len(order)]].append(o // len(order))
+        cursors = []
+        for w in range(copies):
+            more, extra = compact(after[w], skips[w])
+            cursors.append(Cursor(bases[w], more, extra))
+        return cursors
 
     def copy_stats(self) -> dict[str, dict]:
         """Per copied node: counters summed over the copies (as of their last report)."""

@@ -37,6 +37,7 @@ from torchdata.nodes import BaseNode, ParallelMapper
 
 from conveyor.nodes._children import describe, end_processes
 from conveyor.nodes._parent import watch_parent
+from conveyor.nodes._elastic import Cursor
 from conveyor.nodes._pool import OrderedThreads
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._threads import CarryErrors, Raised, portable, shutdown_torchdata
@@ -329,3 +330,13 @@ class Map(BaseNode):
         it_state = self._pm.state_dict()[ParallelMapper.IT_STATE_KEY]
         return {self.SOURCE_KEY: it_state["snapshot"], self.SKIP_KEY: it_state["steps_since_snapshot"],
                 self.SKIPPED_KEY: self.skipped, LEDGER_KEY: self.ledger.state()}
+
+    @staticmethod
+    def elastic_input(cursor: Cursor) -> Cursor:
+        """Consumed input items (elastic resume): the snapshot plus the items emitted after it
+        (counted in input items, so an item skipped on error counts as consumed)."""
+        if cursor.state is None:
+            return cursor
+        enum = cursor.state[Map.SOURCE_KEY]
+        src = None if enum is None else enum[_Enumerate.SOURCE_KEY]
+        return Cursor(src, cursor.state[Map.SKIP_KEY] + cursor.more, cursor.extra)

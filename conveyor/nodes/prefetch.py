@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torchdata.nodes import BaseNode, Prefetcher
 
+from conveyor.nodes._elastic import Cursor
 from conveyor.nodes._threads import CarryErrors, Raised, shutdown_torchdata
 
 
@@ -62,3 +63,11 @@ class Prefetch(BaseNode):
 
     def get_state(self) -> dict:
         return {self.IT_KEY: self._pf.state_dict()}  # type: ignore[union-attr]
+
+    @staticmethod
+    def elastic_input(cursor: Cursor) -> Cursor:
+        """Consumed input items (elastic resume): the snapshot plus the items taken after it."""
+        if cursor.state is None:
+            return cursor
+        it = cursor.state[Prefetch.IT_KEY]
+        return Cursor(it["snapshot"], it["steps_since_snapshot"] + cursor.more, cursor.extra)

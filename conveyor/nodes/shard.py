@@ -15,6 +15,13 @@ so that every rank gets ``ceil(n / world)`` items; ``drop`` stops every rank at
 differ by one item: the merge handles that.) The item count ``n`` comes from the
 input's ``count()`` when it has one (list_files does, from its listing), else from one
 counting pass over the input at the start of the epoch. ``stats()`` says what was done.
+
+Elastic resume: ``set_deal(deal)`` (or a state that carries one) makes the shard deal, for the
+one epoch the deal names, only the positions an interrupted run on another world size or
+number of copies left (``_elastic.remaining``), in order, with the same rules (slot, equalize)
+as a whole epoch; the next epochs are whole again. ``elastic_taken`` names, from an old slot's
+state, what that slot had consumed. The state then also holds the deal (a few ints per old
+slot, plus a bitmap of a shuffle window) and how far the input was read.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import logging
 import os
 
 from torchdata.nodes import BaseNode
+
+from conveyor.nodes._elastic import Cursor, deal_end, remaining, slot_items
 
 log = logging.getLogger(__name__)
 EQUALIZE = ("repeat", "drop", "none")
@@ -75,6 +84,9 @@ class Shard(BaseNode):
     SOURCE_KEY = "source"
     POS_KEY = "pos"
     WRAPPED_KEY = "wrapped"
+    TOTAL_KEY = "total"
+    DEAL_KEY = "deal"
+    READ_KEY = "read"
 
     def __init__(self, source: BaseNode, *, rank: int | None = None, world: int | None = None,
                  worker: int = 0, workers: int = 1, equalize: str = "repeat"):
@@ -98,10 +110,31 @@ class Shard(BaseNode):
         self._wrapped = False
         self._total: int | None = None
         self._end: int | None = None  # positions [0, end) are dealt out; None = until exhausted
+        self.epoch = 0
+        self._next_deal: dict | None = None  # set_deal: applies when the epoch it names starts
+        self._deal: dict | None = None       # this epoch's deal, if elastic
+        self._left = None                    # its remaining global positions
+        self._read = 0                       # with a deal: input items read in this pass
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def set_deal(self, deal: dict | None) -> None:
+        """Deal only what ``deal`` left of its epoch (``{"epoch", "levels"}``) at the next reset
+        that starts that epoch from its beginning; None cancels."""
+        self._next_deal = deal
 
     def _plan_epoch(self) -> None:
         self._total = self._end = None
+        if self._deal is not None:
+            self._total = count_items(self.source)
+            self._left = remaining(self._total, self._deal["levels"])
+            self._end = deal_end(len(self._left), self.world, self.equalize)
+            return
+        self._left = None
         if self.equalize == "none" or self.world == 1:
+            count = getattr(self.source, "count", None)  # noted for elastic resume when it is cheap
+            self._total = count() if callable(count) else None
             return
         total = count_items(self.source)
         self._total = total
@@ -120,23 +153,54 @@ class Shard(BaseNode):
         """What equalize did for this slot this epoch: items dealt again, or items left out."""
         if self._total is None or self._end is None:
             return {}
+        if self._left is not None:
+            return {"equalize": self.equalize, "elastic_left": len(self._left)}
         lo, hi = sorted((self._total, self._end))
         mine = sum(1 for p in range(lo, hi) if self._mine(p))
         return {"equalize": self.equalize, ("repeated" if self._end > self._total else "dropped"): mine}
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
+        if initial_state is not None:
+            self._deal = initial_state.get(self.DEAL_KEY)
+        else:
+            pending = self._next_deal
+            self._deal = pending if pending is not None and pending["epoch"] == self.epoch else None
+        self._next_deal = None
         self._plan_epoch()
+        self._read = 0
         if initial_state is not None:
             self.source.reset(initial_state[self.SOURCE_KEY])
             self._pos = initial_state[self.POS_KEY]
             self._wrapped = initial_state[self.WRAPPED_KEY]
+            self._read = initial_state.get(self.READ_KEY, 0)
         else:
             self.source.reset()
             self._pos = 0
             self._wrapped = False
 
+    def _next_dealt(self):
+        """With a deal: this slot's next position among those left, read from the input."""
+        left, m = self._left, len(self._left)
+        while self._pos < self._end:
+            v = self._pos
+            self._pos += 1
+            if not self._mine(v):
+                continue
+            want = int(left[v % m])
+            if want < self._read:  # equalize: repeat wraps to the first positions left
+                self.source.reset()
+                self._read, self._wrapped = 0, True
+            while self._read < want:
+                next(self.source)
+                self._read += 1
+            self._read += 1
+            return next(self.source)
+        raise StopIteration
+
     def next(self):
+        if self._left is not None:
+            return self._next_dealt()
         while True:
             if self._end is not None and self._pos >= self._end:
                 raise StopIteration
@@ -158,5 +222,31 @@ class Shard(BaseNode):
         return pos % self.world == self.rank and (pos // self.world) % self.workers == self.worker
 
     def get_state(self) -> dict:
-        return {self.SOURCE_KEY: self.source.state_dict(), self.POS_KEY: self._pos,
-                self.WRAPPED_KEY: self._wrapped}
+        state = {self.SOURCE_KEY: self.source.state_dict(), self.POS_KEY: self._pos,
+                 self.WRAPPED_KEY: self._wrapped, self.TOTAL_KEY: self._total}
+        if self._deal is not None:
+            state[self.DEAL_KEY] = self._deal
+            state[self.READ_KEY] = self._read
+        return state
+
+    @staticmethod
+    def elastic_taken(cursor: Cursor, *, rank: int, world: int, worker: int, workers: int,
+                      equalize: str) -> dict:
+        """What the slot (rank, worker) of an old run had consumed, from a cursor on its output.
+
+        Returns:
+            ``{"slot": [rank, worker, count, extra offsets], "levels": the deal's levels so
+            far, "epoch_total": items of the slot this epoch, "total": the input's count}``.
+        """
+        state = cursor.state or {}
+        deal = state.get(Shard.DEAL_KEY)
+        total = state.get(Shard.TOTAL_KEY)
+        pos = state.get(Shard.POS_KEY, 0)
+        emitted = slot_items(pos, rank, world, worker, workers)
+        slot_total = None
+        if total is not None:
+            m = len(remaining(total, deal["levels"])) if deal else total
+            slot_total = slot_items(deal_end(m, world, equalize), rank, world, worker, workers)
+        return {"slot": [rank, worker, emitted + cursor.more, list(cursor.extra)],
+                "levels": deal["levels"] if deal else [], "epoch": deal["epoch"] if deal else None,
+                "slot_total": slot_total, "emitted_at_state": emitted, "total": total}

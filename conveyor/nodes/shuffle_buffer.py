@@ -19,15 +19,21 @@ repeat some items and lose others).
 Against a reservoir buffer of the same size, a window never lets an item wander into a later
 window; combine it with ``list_files(shuffle=True)`` (a full permutation of the listing each
 epoch) for a global shuffle, as the bundled specs do.
+
+Elastic resume (``elastic_input``): the items a partly drained window already emitted are
+named by their places in the window (the permutation is known from the seed), so what an
+interrupted run consumed stays a prefix of the input plus at most one window's positions.
 """
 
 from __future__ import annotations
 
 import random
+from typing import Callable
 
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import StateError
+from conveyor.nodes._elastic import Cursor, compact
 from conveyor.nodes._rng import derive_seed
 
 
@@ -151,3 +157,35 @@ class ShuffleBuffer(BaseNode):
     def get_state(self) -> dict:
         return {self.SOURCE_KEY: self._start_state, self.WINDOW_KEY: self._window,
                 self.POS_KEY: self._pos, self.SIZE_KEY: self.size}
+
+    @staticmethod
+    def elastic_input(cursor: Cursor, *, size: int, seed: int, epoch: int, rank: int,
+                      left_after: Callable[[Cursor], int]) -> Cursor:
+        """The input items consumed, given what was consumed of the output (``cursor``).
+
+        Args:
+            cursor: on this node's output, from a state of this node.
+            size, seed, epoch, rank: this node's settings in the run that saved the state.
+            left_after: ``left_after(c)`` is how many input items follow the input cursor
+                ``c`` this epoch (the last window can be short, and its length sets its
+                permutation).
+        """
+        state = cursor.state
+        start = None if state is None else state[ShuffleBuffer.SOURCE_KEY]
+        window = 0 if state is None else state[ShuffleBuffer.WINDOW_KEY]
+        pos = 0 if state is None else state[ShuffleBuffer.POS_KEY]
+        size = size if state is None else state.get(ShuffleBuffer.SIZE_KEY, size)
+        head = pos + cursor.more
+        outs = list(range(head)) + [head + e for e in cursor.extra]
+        left = left_after(Cursor(start))
+        taken: set[int] = set()
+        offset = 0
+        while outs and left > 0:
+            n = min(size, left)
+            perm = list(range(n))
+            random.Random(derive_seed(seed, epoch, rank, window)).shuffle(perm)
+            taken.update(offset + perm[o] for o in outs if o < n)
+            outs = [o - n for o in outs if o >= n]
+            offset, left, window = offset + n, left - n, window + 1
+        more, extra = compact(taken)
+        return Cursor(start, more, extra)

@@ -1,0 +1,225 @@
+"""Elastic resume: continue an epoch that was interrupted on another world size or number of
+worker copies.
+
+``Loader.load_state_dict`` hands this module the states of *all* ranks of the old run (a
+list, or a mapping such as a distributed checkpoint gives back). For each old rank it walks
+the graph from the output down to the ``shard``, each op translating what was consumed of
+its output into what was consumed of its input (``OpSpec.elastic``, a ``Cursor`` from
+``conveyor/nodes/_elastic.py``), and worker copies splitting the merge into its copies. At
+the shard, a slot (old rank, copy) has consumed a prefix of its positions plus, after a
+partly drained shuffle window, a few more named by their places in the window. Those,
+over all old slots, form one *level* of a deal; the new shard deals the positions that no
+old slot consumed to the new slots, evenly, as it deals a whole epoch (``equalize`` too),
+and the next epochs are ordinary epochs of the new world.
+
+A graph resumes elastically when the path from its output to its shard is made of ops with
+an ``elastic`` translation (map, fetch, batch, collate, pad_collate, pin_memory, to_device,
+prefetch, shuffle_buffer) and the shard's input is a global order (nothing per rank above
+it: list_files, read_jsonl or read_tar over an unsharded listing). Anything else is a
+``StateError`` naming the node that stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from conveyor.errors import StateError
+from conveyor.graphs.ops import BuildContext, shard_slot
+from conveyor.graphs.validate import Plan
+from conveyor.nodes._elastic import Cursor, deal_end, encode_bits, remaining, slot_items
+from conveyor.nodes.copies import WorkerCopies
+from conveyor.nodes.shard import Shard, count_items
+
+log = logging.getLogger(__name__)
+
+PER_RANK_OPS = ("shard", "shuffle_buffer", "mix")  # above a shard these make the order per rank
+
+
+@dataclass(frozen=True)
+class ElasticContext:
+    """What an op's ``elastic`` translation may know: the old slot's build context, the epoch,
+    and ``left_after(cursor)``: how many items follow an input cursor this epoch."""
+
+    build: BuildContext
+    epoch: int
+    left_after: Callable[[Cursor], int]
+
+
+def merged_rank_states(states: Any, decode: Callable[[Any], dict[int, dict]]) -> dict[int, dict]:
+    """Every rank's state in ``states`` (a loader state, several merged into one dict, or a list
+    or tuple of them), decoded by ``decode`` (``loader.rank_states``), by rank."""
+    if not isinstance(states, (list, tuple)):
+        return decode(states)
+    out: dict[int, dict] = {}
+    for one in states:
+        for rank, state in decode(one).items():
+            if rank in out and out[rank] != state:
+                raise StateError(f"two different states for rank {rank}")
+            out[rank] = state
+    return out
+
+
+def complete(by_rank: dict[int, dict]) -> bool:
+    """Whether ``by_rank`` holds every rank of one run."""
+    worlds = {s.get("world") for s in by_rank.values()}
+    return len(worlds) == 1 and sorted(by_rank) == list(range(worlds.pop() or 0))
+
+
+def _where(plan: Plan, name: str) -> str:
+    p = plan.nodes[name]
+    return f"node '{name}' ({p.op.name}) from {plan.path}:{p.line}"
+
+
+class _Walk:
+    """Walks one old rank's graph state down to its shard."""
+
+    def __init__(self, plan: Plan, epoch: int, rank: int, world: int, copies: int, until: str | None):
+        self.plan, self.epoch, self.rank, self.world = plan, epoch, rank, world
+        self.copies, self.until = copies, until
+        self._totals: dict[str, int] = {}
+
+    def _ctx(self, name: str, worker: int, workers: int) -> BuildContext:
+        p = self.plan.nodes[name]
+        return BuildContext(name=name, op=p.op.name, where=_where(self.plan, name), seed=self.plan.seed,
+                            rank=self.rank, world=self.world, worker=worker, workers=workers)
+
+    def slots(self, graph_state: Any) -> list[dict]:
+        return self.walk(self.plan.output, Cursor(graph_state), 0, 1, False)
+
+    def walk(self, name: str, cursor: Cursor, worker: int, workers: int, copied: bool) -> list[dict]:
+        p = self.plan.nodes[name]
+        if self.copies > 1 and name == self.until and not copied:
+            try:
+                per_copy = WorkerCopies.elastic_split(cursor, self.copies)
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                raise StateError(f"{_where(self.plan, name)}: the worker copies' state does not fit "
+                                 f"({exc})") from None
+            out = []
+            for w, c in enumerate(per_copy):
+                out += self.walk(name, c, w, self.copies, True)
+            return out
+        ctx = self._ctx(name, worker, workers)
+        if p.op.name == "shard":
+            return [self._shard(name, cursor, ctx)]
+        if p.op.elastic is None:
+            raise StateError(f"{_where(self.plan, name)} cannot be resumed on another world size or "
+                             f"number of worker copies: it cannot name, in global terms, which items "
+                             f"it consumed ({p.op.name}: {p.op.doc}). Elastic ops between the output and "
+                             "the shard: map, fetch, batch, collate, pad_collate, pin_memory, "
+                             "to_device, prefetch, shuffle_buffer")
+        source = p.inputs[0]
+
+        def left_after(c: Cursor) -> int:
+            (slot,) = self.walk(source, c, worker, workers, copied)
+            return slot["slot_total"] - slot["slot"][2]
+
+        try:
+            inner = p.op.elastic(p.params, ElasticContext(ctx, self.epoch, left_after), cursor)
+        except StateError:
+            raise
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise StateError(f"{_where(self.plan, name)} cannot be resumed elastically from this "
+                             f"state: {exc}") from None
+        return self.walk(source, inner, worker, workers, copied)
+
+    def _shard(self, name: str, cursor: Cursor, ctx: BuildContext) -> dict:
+        p = self.plan.nodes[name]
+        slot = shard_slot(p.params, ctx)
+        try:
+            taken = Shard.elastic_taken(cursor, **slot)
+        except (KeyError, TypeError) as exc:
+            raise StateError(f"{_where(self.plan, name)}: the state does not fit this shard ({exc})") from None
+        if taken["total"] is None:  # this run did not count its items: count them now
+            taken["total"] = self._total(name)
+            m = len(remaining(taken["total"], taken["levels"]))
+            end = deal_end(m, slot["world"], slot["equalize"])
+            taken["slot_total"] = slot_items(end, slot["rank"], slot["world"], slot["worker"], slot["workers"])
+        taken.update(shard=name, settings=slot)
+        return taken
+
+    def _total(self, shard: str) -> int:
+        if shard not in self._totals:
+            from conveyor.graphs.compile import _build, topological
+
+            source = self.plan.nodes[shard].inputs[0]
+            built = _build(self.plan, topological(self.plan, source), self.rank, self.world, 0, 1, {})
+            try:
+                self._totals[shard] = count_items(built[source])
+            finally:
+                for node in built.values():
+                    close = getattr(getattr(node, "inner", node), "close", None)
+                    if callable(close):
+                        close()
+        return self._totals[shard]
+
+
+def _check_global(plan: Plan, shard: str) -> None:
+    """The shard's input must be the same order on every rank."""
+    from conveyor.graphs.compile import topological
+
+    for name in topological(plan, plan.nodes[shard].inputs[0]):
+        if plan.nodes[name].op.name in PER_RANK_OPS:
+            raise StateError(f"{_where(plan, name)} lies above {_where(plan, shard)}: the shard's input "
+                             "is then in a per-rank order, and what the old ranks consumed cannot be "
+                             "dealt again to other ranks (put it after the shard)")
+
+
+def plan_resume(plan: Plan, states: list[dict]) -> dict[str, Any]:
+    """From the states of every rank of an old run: the epoch to continue and the deal for it.
+
+    Returns:
+        ``{"epoch": e, "deal": {"epoch": e, "levels": [...]}}``, or ``{"epoch": e, "deal": None}``
+        when epoch ``e`` was over (the next one begins).
+
+    Raises:
+        StateError: states missing or repeated, from different epochs, or a graph that cannot
+            be resumed elastically (naming the node).
+    """
+    worlds = {s.get("world") for s in states}
+    if len(worlds) != 1:
+        raise StateError(f"the states are from runs of different world sizes ({sorted(map(str, worlds))})")
+    world = worlds.pop()
+    ranks = sorted(s.get("rank") for s in states)
+    if ranks != list(range(world)):
+        raise StateError(f"elastic resume needs the state of every rank of the old run (world {world}), "
+                         f"got ranks {ranks}")
+    epochs = {s["epoch"] for s in states}
+    if len(epochs) != 1:
+        raise StateError(f"the ranks' states are from different epochs ({sorted(epochs)}): "
+                         "take them at the same step")
+    epoch = epochs.pop()
+    if any(s.get("cut") for s in states):  # the ranks ended that epoch together
+        return {"epoch": epoch, "deal": None}
+    workers = states[0].get("workers") or {}
+    copies, until = workers.get("copies", 1), workers.get("until")
+    slots: list[dict] = []
+    for s in sorted(states, key=lambda s: s["rank"]):
+        slots += _Walk(plan, epoch, s["rank"], world, copies, until).slots(s["graph"])
+    shards = {t["shard"] for t in slots}
+    if len(shards) != 1:
+        raise StateError(f"elastic resume needs one shard on the way to the output, found {sorted(shards)}")
+    shard = shards.pop()
+    _check_global(plan, shard)
+    first = slots[0]
+    if any(t["levels"] != first["levels"] or t["total"] != first["total"] for t in slots):
+        raise StateError(f"{_where(plan, shard)}: the ranks' states disagree on the items of the epoch "
+                         "(another listing, or states from different resumes)")
+    settings = first["settings"]
+    if settings["world"] != world:
+        raise StateError(f"{_where(plan, shard)} deals to {settings['world']} ranks in the old run of "
+                         f"{world}: only a shard by rank can be resumed on another world size")
+    keys = sorted((t["settings"]["rank"], t["settings"]["worker"]) for t in slots)
+    want = [(r, w) for r in range(world) for w in range(settings["workers"])]
+    if keys != want:
+        raise StateError(f"{_where(plan, shard)}: the old run's slots {keys} are not every (rank, copy) "
+                         f"of {world} ranks x {settings['workers']} copies")
+    level = {"world": world, "workers": settings["workers"], "equalize": settings["equalize"],
+             "slots": [[t["settings"]["rank"], t["settings"]["worker"], t["slot"][2], encode_bits(t["slot"][3])]
+                       for t in slots]}
+    levels = first["levels"] + [level]
+    left = len(remaining(first["total"], levels))
+    log.info("elastic resume of epoch %d: %d ranks x %d copies consumed %d of %d items; %d left to deal",
+             epoch, world, settings["workers"], first["total"] - left, first["total"], left)
+    return {"epoch": epoch, "deal": {"epoch": epoch, "levels": levels} if left else None}
