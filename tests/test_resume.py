@@ -133,8 +133,11 @@ def test_state_from_other_graph_or_rank_is_refused(monkeypatch) -> None:
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with load_graph(ROOT / "specs/numbers.yaml") as rank1:
-        with pytest.raises(StateError, match="rank 0 of world 1.*rank 1 of world 2"):
-            rank1.load_state_dict(state)
+        rank1_state = rank1.state_dict()
+    monkeypatch.setenv("RANK", "0")
+    with load_graph(ROOT / "specs/numbers.yaml") as rank0:
+        with pytest.raises(StateError, match="rank 1 of world 2.*rank 0 of world 2"):
+            rank0.load_state_dict(rank1_state)
     with pytest.raises(StateError, match="not a conveyor loader state"):
         load_graph(ROOT / "specs/numbers.yaml").load_state_dict({"x": 1})
 

@@ -159,6 +159,17 @@ def _serve(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
             ahead = (gen, epoch + 1)
 
 
+def _put_unless_stopped(out_q: Any, msg: tuple, stop: Any) -> None:
+    """Hand ``msg`` over, waiting while the queue is full, until ``stop`` is set (a closing
+    loader reads nothing more: a plain ``put`` would block its join)."""
+    while not stop.is_set():
+        try:
+            out_q.put(msg, timeout=_POLL)
+            return
+        except queue.Full:
+            continue
+
+
 def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, stop: Any, key: tuple,
                state: dict | None, chunk: int, max_wait: float, by_value: bool,
                deal: dict | None = None) -> tuple[Any, bool]:
@@ -216,13 +227,13 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
         except BaseException as exc:  # noqa: BLE001
             msg = (key, _ERR, portable(exc), None, None)
             if items:  # deliver what came before the error first
-                out_q.put((key, _ITEMS, _PACKER(items) if by_value else items, base, None))
+                _put_unless_stopped(out_q, (key, _ITEMS, _PACKER(items) if by_value else items, base, None), stop)
             continue
         if items:
             payload = _PACKER(items) if by_value else items
             msg = (key, _ITEMS, payload, base, _stats_of(nodes))
             if end:  # send the items now, the end with the next round
-                out_q.put(msg)
+                _put_unless_stopped(out_q, msg, stop)
         if end:
             msg = (key, _END, root.state_dict(), _stats_of(nodes), None)
         try:
