@@ -110,3 +110,13 @@ def hf_stream(n: int):
     from datasets import Dataset
 
     return Dataset.from_dict({"v": list(range(n))}).to_iterable_dataset(num_shards=2)
+
+
+class KeepAbove:
+    """A configured predicate: keeps records whose index is above ``limit``."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def __call__(self, item) -> bool:
+        return item["index"] > self.limit

@@ -79,3 +79,16 @@ def test_args_and_init_are_bound_to_the_signature_when_the_spec_is_checked():
         (8, 51, "f", "args", "byo_fns:scale has no argument 'j'; it takes: k"),
     ], got
     assert str(info.value.errors[0]).startswith("bad.yaml:3:42: node 'a' (map): param 'args': ")
+
+
+def test_a_filter_takes_a_configured_class_too():
+    from pathlib import Path
+
+    from conveyor import Graph
+
+    root = Path(__file__).resolve().parent.parent / "examples/data/numbers/even"
+    graph = (Graph().node("files", "list_files", url=f"{root}/*.txt")
+             .node("keep", "filter", fn=byo_fns.KeepAbove, init={"limit": 16}))
+    with graph.load() as loader:
+        assert [r["index"] for r in loader] == [17, 18, 19]
+        assert loader.stats()["nodes"]["keep"]["filtered"] == 17

@@ -189,7 +189,7 @@ class FilterParams:
 def _check_filter(p: FilterParams, n_inputs: int) -> list[tuple[str, str]]:
     from conveyor.graphs.fn_check import check_call
 
-    return check_call(p.fn, p.args, None, randomness=False)
+    return check_call(p.fn, p.args, p.init, randomness=False)
 
 
 def _build_filter(p: FilterParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
