@@ -44,7 +44,7 @@ def test_conveyor_ops_lists_every_op_one_line_each(capsys):
 def test_conveyor_ops_op_prints_params_items_and_an_example(capsys):
     assert cli.main(["ops", "shuffle_buffer"]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("shuffle_buffer: shuffle within windows of `size` items\n")
+    assert text.startswith("shuffle_buffer: shuffle within windows of `size` items; elastic")
     assert "reads:  any items (small records: shuffle before decoding)" in text
     assert "  size  an int (>= 1), required\n        items per shuffle window" in text
     assert "  seed  an int or null, default null" in text
