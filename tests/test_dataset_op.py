@@ -3,6 +3,7 @@ sharded, read by ``conveyor.dataset:getitem`` in map workers, and resumed exactl
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 
@@ -147,3 +148,26 @@ def test_bad_datasets_and_weights_are_spec_errors_with_lines():
     ], got
     assert str(info.value.errors[0]).startswith("bad.yaml:2:")
     assert [e.col for e in info.value.errors[1:3]] == [92, 92]  # at the bad weight itself
+
+
+def test_a_dataset_epoch_resumes_on_another_world_size(write_spec, monkeypatch):
+    path = spec(write_spec, args="{n: 30}", bs=3).read_text().replace("rank: 0, world: 1", "by: [rank]")
+    path = write_spec(path, "elastic.yaml")
+
+    def open_(rank: int, world: int):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        return load_graph(path)
+
+    taken, states = [], []
+    for rank in range(2):  # two ranks take a batch each and save
+        with open_(rank, 2) as loader:
+            taken += next(iter(loader))["i"].tolist()
+            states.append(json.loads(json.dumps(loader.state_dict())))
+    rest = []
+    for rank in range(3):  # three ranks go on with what is left of the epoch
+        with open_(rank, 3) as loader:
+            loader.load_state_dict(states)
+            rest.append([i for b in loader for i in b["i"].tolist()])
+    new = [i for r in rest for i in r]
+    assert sorted(new) == sorted(set(range(30)) - set(taken)) and [len(r) for r in rest] == [8, 8, 8]
