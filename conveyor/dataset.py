@@ -76,8 +76,8 @@ def check_dataset(dataset: Any, ref: str) -> str | None:
     """Why ``dataset`` cannot be read by index, or ``None`` when it can."""
     missing = [m for m in ("__len__", "__getitem__") if not hasattr(dataset, m)]
     if missing:
-        return (f"{ref} gave an object of type {type(dataset).__name__}, which has no {' or '.join(missing)}: op: dataset "
-                "reads map-style datasets (for a stream, use op: iterable)")
+        return (f"{ref} gave an object of type {type(dataset).__name__}, which has no "
+                f"{' or '.join(missing)}: op: dataset reads map-style datasets (for a stream, use op: iterable)")
     try:
         n = len(dataset)
     except Exception as exc:

@@ -74,7 +74,8 @@ class Graph:
         **top: graph-level keys: ``workers``, ``resumable``, ``even_batches``, ``description``.
 
     Example:
-        >>> g = Graph(params={"n": 2}).node("files", "list_files", url="data/*.txt").node("b", "batch", size="${n}")
+        >>> g = Graph(params={"n": 2}).node("files", "list_files", url="data/*.txt")
+        >>> g = g.node("b", "batch", size="${n}")
         >>> print(g.to_yaml().splitlines()[-1])
         output: b
     """

@@ -136,8 +136,10 @@ class MapParams:
     args: dict = param(factory=dict, doc="keyword arguments for each call, checked against fn's signature")
     init: dict | None = param(None, doc="when fn is a class: keyword arguments for its constructor")
     workers: int = param(0, min=0, doc="0 = inline")
-    method: Method = param(Method.thread, doc="thread (Pillow and torch release the GIL) | process (pure-Python fns)")
-    on_error: OnError = param(OnError.raise_, doc="raise: the error, with the node named; skip: count and drop the item")
+    method: Method = param(Method.thread,
+                           doc="thread (Pillow and torch release the GIL) | process (pure-Python fns)")
+    on_error: OnError = param(OnError.raise_,
+                              doc="raise: the error, with the node named; skip: count and drop the item")
     seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
     ordered: bool = param(True, doc="false: unordered results, not resumable")
     mp_context: str | None = param(None, doc="spawn | fork | forkserver, for method: process")
@@ -247,7 +249,8 @@ def _build_to_device(p: ToDeviceParams, inputs: list[BaseNode], ctx: BuildContex
 @dataclass(frozen=True)
 class MixParams:
     weights: list[float] = param(doc="one weight per input")
-    stop: Stop = param(Stop.all, doc="all: until every input ends | first: at the first end | forever: restart ended inputs")
+    stop: Stop = param(Stop.all, doc="all: until every input ends | first: at the first end | "
+                                     "forever: restart ended inputs")
     seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
 
 
@@ -303,7 +306,8 @@ SHUFFLE_BUFFER = OpSpec("shuffle_buffer", ShuffleBufferParams, _build_shuffle, "
                         "shuffle within windows of `size` items; elastic below the shard (names what "
                         "a partly drained window emitted), not above it (its order is per rank)",
                         elastic=_elastic_shuffle,
-                        items_in='any items (small records: shuffle before decoding)', items_out='the same items, shuffled within windows',
+                        items_in='any items (small records: shuffle before decoding)',
+                        items_out='the same items, shuffled within windows',
                         example='shuffle: {op: shuffle_buffer, size: 10000}')
 MAP = OpSpec("map", MapParams, _build_map, "one", "fn over items, in order, in threads or processes; "
              "elastic (not with ordered: false)", _check_map, elastic=_elastic_map,
@@ -314,11 +318,13 @@ FILTER = OpSpec("filter", FilterParams, _build_filter, "one", "drop items where 
                 items_in='any items', items_out='the items fn keeps (the rest are counted as filtered)',
                 example='keep: {op: filter, fn: mypkg.rules:long_enough, args: {min_len: 16}}')
 BATCH = OpSpec("batch", BatchParams, _build_batch, "one", "lists of `size` items; elastic", elastic=_elastic_batch,
-               items_in='any items', items_out='lists of size items (the last may be shorter unless drop_last)',
+               items_in='any items',
+               items_out='lists of size items (the last may be shorter unless drop_last)',
                example='batch: {op: batch, size: 32, drop_last: true}')
 COLLATE = OpSpec("collate", NoParams, _build_collate, "one", "stack samples (default_collate); elastic",
                  elastic=elastic_through,
-                 items_in='lists of samples (after batch)', items_out='a batch: tensors stacked, dicts and tuples field by field',
+                 items_in='lists of samples (after batch)',
+                 items_out='a batch: tensors stacked, dicts and tuples field by field',
                  example='collate: {op: collate}')
 PIN_MEMORY = OpSpec("pin_memory", PinMemoryParams, _build_pin, "one", "page-locked memory on CUDA; elastic",
                     elastic=elastic_through,
@@ -335,5 +341,6 @@ TO_DEVICE = OpSpec("to_device", ToDeviceParams, _build_to_device, "one",
                    example='gpu: {op: to_device, device: cuda}')
 MIX = OpSpec("mix", MixParams, _build_mix, "many", "weighted sampling over inputs; not elastic below a "
              "shard (its draws depend on every input's length)", _check_mix,
-             items_in='several streams (input: [a, b])', items_out='their items, interleaved at random by weight',
+             items_in='several streams (input: [a, b])',
+             items_out='their items, interleaved at random by weight',
              example='mixed: {op: mix, input: [cats, dogs], weights: [0.5, 0.5], stop: first}')

@@ -107,8 +107,11 @@ DATASET = OpSpec("dataset", DatasetParams, _build_dataset, "none",
                  "indexes of a map-style Dataset (torch, Hugging Face, any __len__/__getitem__), "
                  "sampled per epoch; read them with map fn: conveyor.dataset:getitem; a global order (elastic "
                  "above a shard)", _check_dataset,
-                 items_in='', items_out='{index, dataset} per draw; map fn conveyor.dataset:getitem turns it into dataset[index]',
-                 example='samples: {op: dataset, dataset: mypkg.data:Cifar, args: {root: "${spec_dir}/cifar"}, sampler: shuffle}')
+                 items_in='',
+                 items_out="{index, dataset} per draw; map fn conveyor.dataset:getitem turns it into "
+                           "dataset[index]",
+                 example='samples: {op: dataset, dataset: mypkg.data:Cifar, args: {root: "${spec_dir}/cifar"}, '
+                         "sampler: shuffle}")
 
 
 @dataclass(frozen=True)

@@ -96,11 +96,13 @@ def _build_read_tar(p: ReadTarParams, inputs: list[BaseNode], ctx: BuildContext)
 FETCH = OpSpec("fetch", FetchParams, _build_fetch, "one",
                "read each record's object (bytes), many at once, in order, with retries; elastic",
                _check_remote, elastic=elastic_through,
-               items_in='records with a URL under field (list_files records)', items_out="the same records with the object's bytes under out",
+               items_in='records with a URL under field (list_files records)',
+               items_out="the same records with the object's bytes under out",
                example='fetch: {op: fetch, concurrency: 32}')
 READ_TAR = OpSpec("read_tar", ReadTarParams, _build_read_tar, "one",
                   "samples from tar shards (WebDataset layout), streamed, resumable mid-shard; "
                   "elastic above a shard (a global order), not below one (a shard partly read)",
                   _check_remote,
-                  items_in='shard records {path, index} (list_files)', items_out='samples {__key__, __url__, index, <extension>: bytes, ...}',
+                  items_in='shard records {path, index} (list_files)',
+                  items_out='samples {__key__, __url__, index, <extension>: bytes, ...}',
                   example='samples: {op: read_tar, on_error: skip}')

@@ -92,7 +92,8 @@ def _build_read_lmdb(p: ReadLmdbParams, inputs: list[BaseNode], ctx: BuildContex
 
 READ_PARQUET = OpSpec("read_parquet", ReadParquetParams, _build_read_parquet, "one",
                       "rows of Parquet files (pyarrow), by row group, resumable mid-file", _check_read_parquet,
-                      items_in='file records {path, ...} (list_files)', items_out='one dict per row, by column',
+                      items_in='file records {path, ...} (list_files)',
+                      items_out='one dict per row, by column',
                       example='rows: {op: read_parquet, columns: [text, label]}')
 LIST_LMDB = OpSpec("list_lmdb", ListLmdbParams, _build_list_lmdb, "none",
                    "keys of a local LMDB environment in key order, as {lmdb, key, label, index}",
@@ -102,5 +103,6 @@ LIST_LMDB = OpSpec("list_lmdb", ListLmdbParams, _build_list_lmdb, "none",
 READ_LMDB = OpSpec("read_lmdb", ReadLmdbParams, _build_read_lmdb, "one",
                    "each key record's value from its LMDB environment, lock-free readers",
                    _check_read_lmdb,
-                   items_in='key records (list_lmdb)', items_out="the same records with the value's bytes under out",
+                   items_in='key records (list_lmdb)',
+                   items_out="the same records with the value's bytes under out",
                    example='values: {op: read_lmdb}')

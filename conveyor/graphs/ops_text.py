@@ -132,7 +132,8 @@ class PadCollateParams:
                                                      "every 1-D sequence field")
     pad_value: int | float | dict = param(0, doc="a number, or a mapping field -> number")
     side: Side = param(Side.right, doc="right | left: where the padding goes")
-    pad_to_multiple_of: int | None = param(None, min=1, doc="pad lengths up to a multiple of N (tensor cores like 8)")
+    pad_to_multiple_of: int | None = param(None, min=1,
+                                           doc="pad lengths up to a multiple of N (tensor cores like 8)")
 
 
 def _build_pad_collate(p: PadCollateParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
@@ -159,15 +160,18 @@ def _check_pad_collate(p: PadCollateParams, n_inputs: int) -> list[tuple[str, st
 READ_JSONL = OpSpec("read_jsonl", ReadJsonlParams, _build_read_jsonl, "one",
                     "records of JSONL / text-line files, resumable mid-file; elastic above a shard "
                     "(a global order), not below one (a file partly read)", _check_read_jsonl,
-                    items_in='file records {path, ...} (list_files)', items_out='one dict per line (format: lines: {text})',
+                    items_in='file records {path, ...} (list_files)',
+                    items_out='one dict per line (format: lines: {text})',
                     example='records: {op: read_jsonl, field: text}')
 BUCKET_BATCH = OpSpec("bucket_batch", BucketBatchParams, _build_bucket_batch, "one",
                       "batches of similar lengths from sorted per-bucket pools; not elastic (which "
                       "items its pools emitted is known only by rebuilding them)", _check_bucket_batch,
-                      items_in='samples with a length field (input_ids)', items_out='lists of samples of similar lengths',
+                      items_in='samples with a length field (input_ids)',
+                      items_out='lists of samples of similar lengths',
                       example='buckets: {op: bucket_batch, boundaries: [64, 128, 256, 512], max_tokens: 8192}')
 PAD_COLLATE = OpSpec("pad_collate", PadCollateParams, _build_pad_collate, "one",
                      "pad sequences to the batch's longest; adds lengths and attention_mask; elastic",
                      _check_pad_collate, elastic=elastic_through,
-                     items_in='lists of samples with sequence fields', items_out='a batch: padded tensors plus lengths and attention_mask',
+                     items_in='lists of samples with sequence fields',
+                     items_out='a batch: padded tensors plus lengths and attention_mask',
                      example='pad: {op: pad_collate, fields: [input_ids], pad_value: 0}')

@@ -112,7 +112,8 @@ def _check_params(op: OpSpec, name: str, body: dict[str, Any], params: Mapping[s
                 ok = False
                 continue
             errs.add(f"undefined param '${{{ref}}}'" + did_you_mean(ref, params)
-                     + f"; declare it under params: ({', '.join(sorted(set(params) - {SPEC_DIR})) or 'none declared'})",
+                     + f"; declare it under params: "
+                       f"({', '.join(sorted(set(params) - {SPEC_DIR})) or 'none declared'})",
                      at_node + (key,), node=name, op=op.name, param=key)
             ok = False
             continue
