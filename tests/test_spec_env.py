@@ -98,3 +98,20 @@ def test_set_node_param_on_the_command_line(tmp_path):
 
     assert cli.main(["validate", str(ROOT / "specs/numbers.yaml"), "--set", "parse.workers=3"]) == 0
     assert cli.main(["validate", str(ROOT / "specs/numbers.yaml"), "--set", "parse.workers=-1"]) == 1
+
+
+def test_a_reference_to_an_environment_variable_without_env_says_how(write_spec, monkeypatch):
+    monkeypatch.setenv("CONVEYOR_T_HOME", "/home/x")
+    path = write_spec("nodes:\n  files: {op: list_files, url: '${CONVEYOR_T_HOME}/*.txt'}\n")
+    with pytest.raises(SpecErrors, match=r"undefined param '\$\{CONVEYOR_T_HOME\}' \(to read the environment "
+                                         r"variable, write \$\{env:CONVEYOR_T_HOME\}\)"):
+        check_spec(path)
+
+
+def test_load_graph_and_check_spec_take_a_graph():
+    from conveyor import Graph
+
+    graph = Graph().node("files", "list_files", url=f"{ROOT}/examples/data/numbers/odd/*.txt")
+    assert list(check_spec(graph).nodes) == ["files"]
+    with load_graph(graph) as loader:
+        assert len(list(loader)) == 20

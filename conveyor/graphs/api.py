@@ -34,17 +34,23 @@ def read_spec(path: str | os.PathLike[str]) -> Located:
     return load_yaml(decode_spec(data, path), path)
 
 
-def check_spec(spec: str | os.PathLike[str] | Located, overrides: Mapping[str, Any] | None = None) -> Plan:
-    """Parse and validate a spec, raising ``SpecErrors`` with every problem at once."""
-    doc = spec if isinstance(spec, Located) else read_spec(spec)
+def check_spec(spec: Any, overrides: Mapping[str, Any] | None = None) -> Plan:
+    """Parse and validate a spec (a path, a parsed ``Located`` or a ``conveyor.Graph``), raising
+    ``SpecErrors`` with every problem at once."""
+    from conveyor.graphs.builder import Graph
+
+    if isinstance(spec, Graph):
+        doc = spec.located()
+    else:
+        doc = spec if isinstance(spec, Located) else read_spec(spec)
     return validate(doc, overrides)
 
 
-def load_graph(spec: str | os.PathLike[str], **overrides: Any) -> Loader:
-    """Compile a YAML spec into a running ``Loader``.
+def load_graph(spec: Any, **overrides: Any) -> Loader:
+    """Compile a YAML spec (or a ``conveyor.Graph`` built in Python) into a running ``Loader``.
 
     Args:
-        spec: path of the YAML spec.
+        spec: path of the YAML spec, or a ``conveyor.Graph``.
         **overrides: values for the spec's ``params`` (``batch_size=64``, ``root="s3://..."``).
 
     Raises:

@@ -14,6 +14,7 @@ unordered map in a graph that must resume exactly; a shuffle buffer placed after
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 import typing
 from dataclasses import dataclass, field
@@ -111,7 +112,8 @@ def _check_params(op: OpSpec, name: str, body: dict[str, Any], params: Mapping[s
                 errs.add(env_unset_message(ref), at_node + (key,), node=name, op=op.name, param=key)
                 ok = False
                 continue
-            errs.add(f"undefined param '${{{ref}}}'" + did_you_mean(ref, params)
+            env_hint = f" (to read the environment variable, write ${{env:{ref}}})" if ref in os.environ else ""
+            errs.add(f"undefined param '${{{ref}}}'" + (did_you_mean(ref, params) or env_hint)
                      + f"; declare it under params: "
                        f"({', '.join(sorted(set(params) - {SPEC_DIR})) or 'none declared'})",
                      at_node + (key,), node=name, op=op.name, param=key)
