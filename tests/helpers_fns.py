@@ -133,3 +133,11 @@ def announce_then_sleep(item, *, path: str, ms: float = 50.0):
         open(path, "w").close()
     time.sleep(ms / 1000.0)
     return item
+
+
+def slow(item, *, seconds: float = 1.0):
+    """The item, after ``seconds``: an input that keeps a prefetch thread busy."""
+    import time
+
+    time.sleep(seconds)
+    return item

@@ -267,3 +267,25 @@ def test_the_watchdog_spec_key_is_checked(write_spec) -> None:
 
     with pytest.raises(SpecErrors, match="watchdog must be a number of seconds >= 0"):
         load_graph(write_spec(STOPPABLE_SPEC.replace("watchdog: 1", "watchdog: soon")))
+
+
+# ----- close() waits (boundedly) for a prefetch thread busy in its input --------------------
+
+SLOW_SPEC = f"""
+nodes:
+  files: {{op: list_files, url: "{NUMBERS}/*/*.txt"}}
+  wait:  {{op: map, fn: "helpers_fns:slow", args: {{seconds: 1.5}}}}
+  out:   {{op: prefetch, depth: 1}}
+output: out
+"""
+
+
+def test_close_ends_a_prefetch_thread_busy_in_its_input(write_spec) -> None:
+    # torchdata joins it for 0.5 s and leaves it running: at interpreter exit such a thread,
+    # still inside torch code, can abort the process
+    loader = load_graph(write_spec(SLOW_SPEC))
+    try:
+        next(iter(loader))  # the prefetch thread is now inside the next 1.5 s item
+    finally:
+        loader.close()
+    assert not [t.name for t in threading.enumerate() if "_populate_queue" in t.name]

@@ -36,9 +36,11 @@ from conveyor.graphs.instrument import node_perf
 from conveyor.graphs.length import UnknownLength, epoch_length
 from conveyor.graphs.watchdog import DEFAULT_AFTER, Watchdog, graph_progress, graph_report
 from conveyor.nodes._skips import gather
+from conveyor.nodes._threads import join_threads
 
 log = logging.getLogger(__name__)
 
+LINGER_WAIT = 5.0  # seconds close() waits for threads busy in an item when they were asked to stop
 STATE_FORMAT = 2  # {"format": 2, "rank<R>": JSON of the rank's state}
 RANK_FORMAT = 1    # the layout of one rank's state (a format-1 state is one of these, bare)
 # params whose change leaves the data exactly the same (only speed or memory differ)
@@ -93,6 +95,15 @@ def _close_nodes(nodes: list[Any], dog: Watchdog | None = None) -> None:
                 close()
             except Exception:  # closing must go on for the other nodes
                 log.exception("closing %r failed", node)
+    # a prefetch thread busy in its input when asked to stop (or woken by the close of a map
+    # below it) ends after that item: wait for it here, not at interpreter exit, where a
+    # thread still inside torch code can abort the process
+    lingering = [(node, t) for node in nodes for t in getattr(node, "lingering", list)()]
+    left = join_threads([t for _, t in lingering], LINGER_WAIT)
+    if left:
+        log.warning("closing: %d thread(s) still busy %.0f s after they were asked to stop, left "
+                    "behind (daemon threads): %s", len(left), LINGER_WAIT,
+                    ", ".join(f"{t.name} of {type(n).__name__}" for n, t in lingering if t in left))
 
 
 def _dist_ready() -> bool:

@@ -13,6 +13,8 @@ values instead, so the consumer re-raises the original exception with its notes.
 from __future__ import annotations
 
 import pickle
+import threading
+import time
 import traceback
 from typing import Any
 
@@ -30,8 +32,12 @@ def portable(exc: BaseException) -> BaseException:
         return RuntimeError("".join(traceback.format_exception(exc)).rstrip())
 
 
-def shutdown_torchdata(node: Any) -> None:
-    """Stop the threads (and worker processes) of a torchdata threaded node, if it runs any."""
+def shutdown_torchdata(node: Any) -> list[threading.Thread]:
+    """Stop the threads (and worker processes) of a torchdata threaded node, if it runs any.
+
+    torchdata joins each thread for 0.5 s only; returns those still alive after that (busy
+    inside their input's ``next()``), for the caller to join within its own bound.
+    """
     seen = 0
     it = node
     # ParallelMapper._it -> _ParallelMapperImpl._it -> _ParallelMapperIter; Prefetcher._it -> iter
@@ -39,9 +45,20 @@ def shutdown_torchdata(node: Any) -> None:
         stop = getattr(it, "_shutdown", None)
         if callable(stop):
             stop()
-            return
+            threads = [getattr(it, a, None) for a in ("_thread", "_read_thread", "_sort_thread")]
+            threads += [t for t in getattr(it, "_workers", []) if isinstance(t, threading.Thread)]
+            return [t for t in threads if isinstance(t, threading.Thread) and t.is_alive()]
         it = getattr(it, "_it", None)
         seen += 1
+    return []
+
+
+def join_threads(threads: list[threading.Thread], wait: float) -> list[threading.Thread]:
+    """Join ``threads`` within ``wait`` seconds in all; returns those still alive."""
+    deadline = time.monotonic() + wait
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    return [t for t in threads if t.is_alive()]
 
 
 class Raised:

@@ -219,6 +219,7 @@ class Map(BaseNode):
         self.ledger = SkipLedger()
         self._pm: ParallelMapper | None = None  # processes, or threads unordered
         self._retired: list[Any] = []  # worker processes of earlier epochs, maybe still exiting
+        self._lingering: list[threading.Thread] = []  # ParallelMapper threads still busy at its stop
         self._pool: OrderedThreads | None = None  # threads, in order: persists across epochs
         if workers and method == "process":
             register_after_fork(self.call, _Call.watch_parent)  # under fork nothing is unpickled
@@ -241,7 +242,8 @@ class Map(BaseNode):
     def _stop_pm(self) -> None:
         if self._pm is not None:
             procs = self._processes()
-            shutdown_torchdata(self._pm)  # asks the workers to stop; joins each for 0.5 s
+            self._lingering = [t for t in self._lingering if t.is_alive()]
+            self._lingering += shutdown_torchdata(self._pm)  # asks workers to stop; joins each 0.5 s
             self._pm = None
             # those still finishing their items are ended at close() if they have not left by then
             self._retired = [p for p in self._retired + procs if p.is_alive()]
@@ -253,6 +255,11 @@ class Map(BaseNode):
             self._retired = []
         if self._pool is not None:
             self._pool.close()
+
+    def lingering(self) -> list[threading.Thread]:
+        """ParallelMapper threads asked to stop and still busy (the loader joins them)."""
+        self._lingering = [t for t in self._lingering if t.is_alive()]
+        return list(self._lingering)
 
     def waiting_on(self) -> str | None:
         """What this node's workers are doing, in words (for the loader's watchdog)."""

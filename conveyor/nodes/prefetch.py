@@ -1,12 +1,15 @@
 """prefetch: run the graph above in a background thread, ``depth`` items ahead.
 
 Wraps torchdata's ``Prefetcher`` (a bounded queue filled by one thread) and adds ``close()``,
-which stops the thread now rather than when the garbage collector gets to it. The state is
+which stops the thread now rather than when the garbage collector gets to it (a thread busy
+in its input's ``next()`` ends after that item: ``lingering()`` gives it to the loader to join). The state is
 the input's state snapshot at the last emitted item plus a count, so nothing queued is lost
 or repeated on resume.
 """
 
 from __future__ import annotations
+
+import threading
 
 from torchdata.nodes import BaseNode, Prefetcher
 
@@ -42,11 +45,19 @@ class Prefetch(BaseNode):
         self.depth = depth
         self.snapshot_every = snapshot_every
         self._pf: Prefetcher | None = None
+        self._lingering: list[threading.Thread] = []
 
     def close(self) -> None:
         if self._pf is not None:
-            shutdown_torchdata(self._pf)
+            self._lingering += shutdown_torchdata(self._pf)
             self._pf = None
+
+    def lingering(self) -> list[threading.Thread]:
+        """Threads of this node asked to stop that were still busy inside their input's
+        ``next()`` when ``close()`` returned (the loader joins them after closing the nodes
+        above them: a thread left running torch code at interpreter exit can abort it)."""
+        self._lingering = [t for t in self._lingering if t.is_alive()]
+        return list(self._lingering)
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
