@@ -199,7 +199,7 @@ def breakdown(spec: Path, root: str, epochs: int, rounds: int) -> str:
 
     plan = check_spec(spec, {"root": root})
     stages = [n for n in plan.nodes if plan.nodes[n].op.name not in ("list_files", "shard", "prefetch")]
-    wrappers = {"Counted": Counted, "count only": BareCounted, "none": lambda node: node}
+    wrappers = {"Counted": Counted, "count only": BareCounted, "none": lambda node, *args, **kw: node}
     times: dict[tuple[str, str], list[float]] = {}
     records = 0
     for _ in range(rounds):

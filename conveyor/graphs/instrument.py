@@ -59,11 +59,23 @@ _MAX_EVERY = 64   # many as keep timing near 0.5 % of the time the calls take (a
 _TIMING_COST = 300e-9  # seconds one timed call costs inside a pipeline (stats_overhead.py)
 _ADAPT = 16       # timed calls between two choices of "every" (the first choice ends the warm-up),
 _ADAPT_NESTED = 512  # or fewer once they made this many timed calls in their thread
+_CLOCKS_PER_TIMED = 5  # a timed call costs about 5 clock reads (2 reads and the bookkeeping)
 _random = random.random
 _exact = [0]      # > 0 while watchers are attached: every call is timed
 _resetting = threading.local()  # depth of Counted.reset calls in progress in this thread
 
 Watcher = Callable[["Counted", Any, float, float], None]
+
+
+def _clock_cost() -> float:
+    """Seconds one clock read takes now (the best of three tries of 8 reads)."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = _clock()
+        for _ in range(8):
+            _clock()
+        best = min(best, (_clock() - t0) / 9)
+    return best
 
 
 class _Work:
@@ -391,13 +403,15 @@ class Counted(BaseNode):
     def _adapt(self, seconds: float, nested: int) -> None:
         """Every ``_ADAPT`` timed calls as an outermost node: time one call in ``every``, where
         ``every`` keeps the cost of timing (``_TIMING_COST`` per timed call, this one's and
-        the ones it makes) near ``_TARGET`` of the time the calls take."""
+        the ones it makes) near ``_TARGET`` of the time the calls take. On a busy machine (or
+        under a profiler) everything is slower, timing too: the cost per timed call is then
+        taken as ``_CLOCKS_PER_TIMED`` clock reads measured now, when that is more."""
         self._acc_calls += 1
         self._acc_seconds += seconds
         self._acc_nested += nested
         if self._acc_calls < _ADAPT and self._acc_nested < _ADAPT_NESTED:
             return
-        cost = (1 + self._acc_nested / self._acc_calls) * _TIMING_COST
+        cost = (1 + self._acc_nested / self._acc_calls) * max(_TIMING_COST, _CLOCKS_PER_TIMED * _clock_cost())
         mean = self._acc_seconds / self._acc_calls
         self._every = 1 if mean <= 0 else round(min(_MAX_EVERY, max(1.0, cost / (_TARGET * mean))))
         self._acc_calls, self._acc_seconds, self._acc_nested = 0, 0.0, 0
