@@ -55,8 +55,17 @@ def remaining(loader: Any, last_epoch: int) -> list[tuple[int, Any]]:
 
 
 def check_resume(make_loader: Callable[[], Any], epochs: int = 2,
-                 steps: Iterable[int] | None = None) -> int:
+                 steps: Iterable[int] | Callable[[int, int], Iterable[int]] | None = None,
+                 reuse: bool = False) -> int:
     """Assert that resuming at each step in ``steps`` (default: every step) is exact.
+
+    Each step restores into a new loader; with ``reuse``, one new loader restores every step in
+    turn (the first restore into a fresh loader, the next ones into a loader that has run: what
+    a trainer that reloads a checkpoint in the same process does), which spares starting worker
+    processes again for each step.
+
+    ``steps`` may also be ``steps(n_states, epoch_len)``, chosen once the uninterrupted run has
+    shown how many states there are and how many batches the first epoch has.
 
     Returns:
         the number of batches of the uninterrupted run (so callers can assert it is non-trivial).
@@ -64,18 +73,33 @@ def check_resume(make_loader: Callable[[], Any], epochs: int = 2,
     with make_loader() as loader:
         reference, states = run_with_states(loader, epochs)
     last_epoch = reference[-1][0]
+    if callable(steps):
+        steps = steps(len(states), sum(1 for e, _ in reference if e == reference[0][0]))
     chosen = range(len(states)) if steps is None else [k for k in steps if k < len(states)]
-    for k in chosen:
-        with make_loader() as fresh:
-            fresh.load_state_dict(states[k])
-            rest = remaining(fresh, last_epoch)
-        expected = reference[k:]
-        if rest != expected:
-            first_bad = next((i for i, (a, b) in enumerate(zip(rest, expected)) if a != b),
-                             min(len(rest), len(expected)))
-            raise AssertionError(
-                f"resume from step {k} of {len(reference)} differs at batch {k + first_bad}: "
-                f"got {len(rest)} batches, expected {len(expected)}; "
-                f"got {rest[first_bad] if first_bad < len(rest) else 'nothing'}, "
-                f"expected {expected[first_bad] if first_bad < len(expected) else 'nothing'}")
+    reused = make_loader() if reuse else None
+    try:
+        for k in chosen:
+            if reused is not None:  # a loader that has run restores again, its workers kept
+                reused.load_state_dict(states[k])
+                rest = remaining(reused, last_epoch)
+            else:
+                with make_loader() as fresh:
+                    fresh.load_state_dict(states[k])
+                    rest = remaining(fresh, last_epoch)
+            _compare(k, rest, reference)
+    finally:
+        if reused is not None:
+            reused.close()
     return len(reference)
+
+
+def _compare(k: int, rest: list, reference: list) -> None:
+    expected = reference[k:]
+    if rest != expected:
+        first_bad = next((i for i, (a, b) in enumerate(zip(rest, expected)) if a != b),
+                         min(len(rest), len(expected)))
+        raise AssertionError(
+            f"resume from step {k} of {len(reference)} differs at batch {k + first_bad}: "
+            f"got {len(rest)} batches, expected {len(expected)}; "
+            f"got {rest[first_bad] if first_bad < len(rest) else 'nothing'}, "
+            f"expected {expected[first_bad] if first_bad < len(expected) else 'nothing'}")

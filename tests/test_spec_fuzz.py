@@ -3,7 +3,7 @@ tags, nesting, type changes, deleted keys and lines, odd unicode), must each end
 ``Plan`` or as ``SpecErrors``; never another exception, never a long wait.
 
 The run is derandomized, so the suite sees the same cases every time; set
-``CONVEYOR_FUZZ_EXAMPLES=5000`` (and ``CONVEYOR_FUZZ_SEED``) to fuzz for longer by hand.
+``CONVEYOR_FUZZ_EXAMPLES=5000`` (and ``CONVEYOR_FUZZ_RANDOM=1`` for new cases) to fuzz for longer by hand.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def check(text: str) -> Plan | SpecErrors:
         return exc
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize="CONVEYOR_FUZZ_SEED" not in os.environ,
+@settings(max_examples=EXAMPLES, deadline=None, derandomize="CONVEYOR_FUZZ_RANDOM" not in os.environ,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(mutated_specs())
 def test_a_mutated_spec_is_a_plan_or_spec_errors_quickly(text):
