@@ -50,6 +50,7 @@ import fsspec
 from fsspec.utils import glob_translate
 
 from conveyor.errors import SampleError, SourceError
+from conveyor.storage_errors import unknown_options
 from conveyor.storage_errors import (DENIED, NO_BUCKET, NOT_FOUND, PERMANENT, TRANSIENT, classify,  # noqa: F401
                                      describe, redact, secret_values)
 
@@ -223,6 +224,10 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None,
     """``(fs, path)`` for ``url``; for S3 with the library's own retries turned off (see above)."""
     options = dict(storage_options or {})
     protocol = protocol_of(url)
+    bad = unknown_options(protocol, options)
+    if bad:
+        raise SourceError("; ".join(f"storage_options: {protocol} has no option '{k}'{hint}" for k, hint in bad)
+                          + f" (reading {redact(url, options)})")
     if protocol in ("s3", "s3a"):
         options = _s3_options(options, policy or RetryPolicy())
     fs, path = fsspec.core.url_to_fs(url, **options)

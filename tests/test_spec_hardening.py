@@ -162,3 +162,13 @@ def test_show_hides_a_secret_param(write_spec, capsys):
     assert 'params: s3secret="***", other=1' in out
     plan = conveyor.check_spec(path, {"s3secret": "TOPSECRET5"})
     assert plan.secret_params == {"s3secret"}
+
+
+def test_a_misspelt_s3_option_is_a_clear_error_at_run_time_too():
+    from conveyor.errors import SourceError
+    from conveyor.storage import filesystem
+
+    with pytest.raises(SourceError) as info:
+        filesystem("s3://bucket/x.jpg", {"key": "AKIAEXAMPLE", "secret_key": "do-not-print"})
+    assert str(info.value) == ("storage_options: s3 has no option 'secret_key' (did you mean 'secret'?) "
+                               "(reading s3://bucket/x.jpg)")

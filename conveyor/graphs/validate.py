@@ -493,6 +493,14 @@ def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resuma
         p = plan.params
         if p is None:
             continue
+        url, options = getattr(p, "url", None), getattr(p, "storage_options", None)
+        if isinstance(url, str) and options:
+            from conveyor.storage import protocol_of, unknown_options
+
+            for key, hint in unknown_options(protocol_of(url), options):
+                errs.add(f"{protocol_of(url)} has no option '{key}'{hint}",
+                         ("nodes", plan.name, "storage_options", key), key=True, node=plan.name,
+                         op=plan.op.name, param="storage_options")
         if plan.op.name in ("map", "filter"):
             for arg, message in check_args(p.fn, resolve_fn(p.fn), p.args):
                 errs.add(f"arg '{arg}': {message}", ("nodes", plan.name, "args", arg), node=plan.name,
