@@ -27,6 +27,7 @@ it), with the per-node wrapper (``Counted``), a count-only wrapper and no wrappe
 
     flock /tmp/bench.lock python benchmarks/text_throughput.py             # the table (~1 min)
     flock /tmp/bench.lock python benchmarks/text_throughput.py --breakdown
+    python benchmarks/text_throughput.py --profile          # cProfile self time by node (shares)
     python benchmarks/text_throughput.py --rounds 9 --epochs 3 --no-hf
 """
 
@@ -253,6 +254,65 @@ def breakdown(spec: Path, root: str, epochs: int, rounds: int) -> str:
             + md_table(headers, rows, [False] + [True] * (2 * len(wrappers))))
 
 
+_GROUPS = [  # (file name part, group): where a function's self time is charged
+    ("instrument.py", "instrumentation (Counted)"),
+    ("read_jsonl.py", "read_jsonl (+ json/orjson, fsspec)"), ("json/", "read_jsonl (+ json/orjson, fsspec)"),
+    ("fsspec", "read_jsonl (+ json/orjson, fsspec)"),
+    ("shuffle_buffer.py", "shuffle_buffer (+ random)"), ("random.py", "shuffle_buffer (+ random)"),
+    ("text.py", "tokenizer fn (conveyor.text)"),
+    ("map.py", "map node (Map, _Call, _Enumerate, CarryErrors, MapBatches)"),
+    ("_threads.py", "map node (Map, _Call, _Enumerate, CarryErrors, MapBatches)"),
+    ("map_batches.py", "map node (Map, _Call, _Enumerate, CarryErrors, MapBatches)"),
+    ("bucket_batch.py", "bucket_batch"),
+    ("pad_collate.py", "pad_collate (+ default_collate)"), ("collate.py", "pad_collate (+ default_collate)"),
+    ("typing.py", "pad_collate (+ default_collate)"), ("numeric.py", "pad_collate (+ default_collate)"),
+    ("base_node.py", "torchdata BaseNode.__next__ / state_dict"),
+]
+
+
+def profile(spec: Path, root: str, epochs: int) -> str:
+    """cProfile of the graph pulled up to pad_collate in this thread, self time by group."""
+    import cProfile
+    import collections
+    import pstats
+
+    loader = load_graph(spec, root=root)
+    node = loader._c.nodes["collate"]
+
+    def run() -> int:
+        n = 0
+        for epoch in range(epochs):
+            loader._set_epoch(epoch)
+            node.reset()
+            for batch in node:
+                n += batch["input_ids"].shape[0]
+        return n
+
+    try:
+        run()  # warm: imports, the instrumentation's warm-up
+        prof = cProfile.Profile()
+        prof.enable()
+        n = run()
+        prof.disable()
+    finally:
+        loader.close()
+
+    def group(fn: tuple) -> str:
+        return next((g for part, g in _GROUPS if part in fn[0]), "other")
+
+    spent: collections.Counter = collections.Counter()
+    for fn, (_cc, _nc, tt, _ct, callers) in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+        if fn[0] == "~" and callers:  # a builtin: charged to its callers
+            for caller, c in callers.items():
+                spent[group(caller)] += c[2]
+        else:
+            spent[group(fn)] += tt
+    total = sum(spent.values())
+    rows = [[g, f"{t / n * 1e6:.2f}", f"{t / total:.0%}"] for g, t in spent.most_common()]
+    rows.append(["all (under cProfile, which inflates calls)", f"{total / n * 1e6:.2f}", "100%"])
+    return md_table(["where", "us per record", "share"], rows, [False, True, True])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=str(ROOT / "examples" / "data" / "text-sample"))
@@ -261,10 +321,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-hf", action="store_true", help="skip the tokenizers contenders")
     ap.add_argument("--breakdown", action="store_true", help="per-node costs instead of the table")
+    ap.add_argument("--profile", action="store_true", help="cProfile self time by node instead of the table")
     args = ap.parse_args(argv)
     os.chdir(ROOT)  # the spec's default root is relative to the repository
     if args.breakdown:
         print(breakdown(Path(args.spec), args.root, args.epochs, args.rounds))
+        return 0
+    if args.profile:
+        print(profile(Path(args.spec), args.root, args.epochs))
         return 0
     import orjson
 
