@@ -167,6 +167,16 @@ def test_other_formats_are_found_by_content_not_by_name(tmp_path):
         assert out["image"].shape == (3, 64, 64)
 
 
+def test_a_jpeg_over_pillows_pixel_limit_is_refused_like_pillow_refuses_it(monkeypatch):
+    data = _photo(450, 360, seed=9)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 450 * 360 // 2 - 1)
+    with pytest.raises(SampleError, match="decompression bomb") as info:
+        ci.train_transform({"bytes": data, "index": 3}, rng=random.Random(0))
+    assert isinstance(info.value.__cause__, Image.DecompressionBombError)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 450 * 360 // 2)
+    assert ci.eval_transform({"bytes": data, "index": 3})["image"].shape == (3, OUT, OUT)
+
+
 def test_bad_jpeg_in_a_tar_shard_names_the_shard_and_key(tmp_path):
     good = _photo(450, 360, seed=5)
     shard = tmp_path / "shard-000000.tar"
