@@ -152,10 +152,13 @@ def train_transform(
     coordinates from the JPEG header alone. Then the JPEG is decoded at the largest DCT
     reduction (1/1, 1/2, 1/4, 1/8) at which the crop box, reduced, is still at least the
     output size in both dimensions, so the decode never goes below the output
-    resolution for the chosen crop. The box is mapped into the reduced image and
-    resized to the output. The crop box and the flip are the same as without the
-    draft, so randomness and geometry are identical; pixels differ only by the
-    DCT-domain downscale. Non-JPEG images are decoded in full.
+    resolution for the chosen crop. The box is mapped into the reduced image (1/s of
+    its coordinates) and resized to the output: by torch's antialiased bilinear kernel
+    when its edges fall on whole pixels, by Pillow's box resize when they do not. The
+    crop box and the flip are the same as without the reduced decode, so randomness and
+    geometry are identical; pixels differ only by the DCT-domain downscale (50 dB PSNR
+    median on 3000x2000 images against a full decode). Non-JPEG images are decoded in
+    full.
 
     The output is not normalised; see :func:`normalize`.
 
@@ -205,10 +208,11 @@ def eval_transform(
 ) -> dict[str, Any]:
     """Decode, resize the shorter side to ``resize`` and centre-crop ``size``, for eval.
 
-    Same geometry as torchvision's ``Resize(resize)`` then ``CenterCrop(size)``, done as
-    one resize of the matching box of the original image, with the same draft rule as
-    :func:`train_transform`: the JPEG is decoded at the largest DCT reduction at which
-    that box is still at least ``size``; the box never changes.
+    Same geometry as torchvision's ``Resize(resize)`` then ``CenterCrop(size)``: the
+    JPEG is decoded at the largest DCT reduction at which the kept box is still at least
+    ``size`` (the same rule as :func:`train_transform`), the whole image resized and the
+    centre cut on whole pixels; when the reduction does not divide the image exactly, the
+    kept box is resized directly instead. The box never changes.
 
     Args:
         item: a record with ``path`` and/or ``bytes``, ``label`` and ``index``.
