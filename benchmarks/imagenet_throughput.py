@@ -555,7 +555,9 @@ class Run:
 
 
 def tree_rss_mib() -> float:
-    """VmRSS of this process and all its descendants, MiB (worker processes included)."""
+    """Memory of this process and all its descendants, MiB (worker processes included): the
+    sum of their PSS (pages shared between them, such as batches in shared memory, counted
+    once, split between the sharers), or of VmRSS where /proc has no smaps_rollup."""
     kids: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -569,16 +571,18 @@ def tree_rss_mib() -> float:
     while todo:
         pid = todo.pop()
         todo += kids.get(pid, [])
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        except (OSError, StopIteration, ValueError):
-            pass
+        for name, field in (("smaps_rollup", "Pss:"), ("status", "VmRSS:")):
+            try:
+                with open(f"/proc/{pid}/{name}") as f:
+                    total += next(int(line.split()[1]) for line in f if line.startswith(field))
+                break
+            except (OSError, StopIteration, ValueError):
+                continue
     return total / 1024
 
 
 def memory_epochs(spec: Path, overrides: dict, epochs: int) -> list[float]:
-    """RSS of the process tree after each of epochs 0..epochs of one loader, MiB."""
+    """PSS of the process tree after each of epochs 0..epochs of one loader, MiB."""
     out = []
     with load_graph(str(spec), **overrides) as loader:
         for _ in range(epochs + 1):
@@ -745,7 +749,7 @@ def targets_main(a: argparse.Namespace, argv: list[str] | None) -> int:
                         workers=a.workers)
             mem = {s.name: memory_epochs(s, over, a.mem_epochs) for s in (a.spec, procs_spec)}
             batch_mib = a.batch_size * 3 * a.size * a.size / 2**20
-            emit(f"**Memory**: RSS of the process and its worker processes after each epoch of one "
+            emit(f"**Memory**: PSS of the process and its worker processes after each epoch of one "
                  f"loader (epoch 0 is the warm-up), MiB, {a.count} images per epoch:")
             emit()
             emit(C.md_table(["spec"] + [str(e) for e in range(a.mem_epochs + 1)],
@@ -755,7 +759,7 @@ def targets_main(a: argparse.Namespace, argv: list[str] | None) -> int:
             for k, vs in mem.items():
                 half = max(1, a.mem_epochs // 2)
                 trend = C.median(vs[1 + half:]) - C.median(vs[1:1 + half])
-                rows.append(("memory", f"{k}: median RSS of epochs {half + 1}..{a.mem_epochs} − "
+                rows.append(("memory", f"{k}: median PSS of epochs {half + 1}..{a.mem_epochs} − "
                              f"epochs 1..{half}", f"{trend:+.1f} MiB",
                              f"≤ one batch ({batch_mib:.1f} MiB)", "met" if trend <= batch_mib else "**missed**"))
         emit("**Targets**")
