@@ -34,7 +34,14 @@ from conveyor.nodes.shard import Shard, count_items
 
 log = logging.getLogger(__name__)
 
-PER_RANK_OPS = ("shard", "shuffle_buffer", "mix")  # above a shard these make the order per rank
+# above a shard, these ops keep the shard's input from being one global order
+NOT_GLOBAL = {
+    "shard": "the shard's input is then one rank's share",
+    "shuffle_buffer": "its windows are permuted per rank",
+    "mix": "its draws depend on where each input stands",
+    "iterable": "an iterable has no positions: nothing says it yields the same items in the same "
+                "order again (it may shard itself by rank)",
+}
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,7 @@ class _Walk:
 
     def _shard(self, name: str, cursor: Cursor, ctx: BuildContext) -> dict:
         p = self.plan.nodes[name]
+        _check_global(self.plan, name)
         slot = shard_slot(p.params, ctx)
         try:
             taken = Shard.elastic_taken(cursor, **slot)
@@ -160,10 +168,11 @@ def _check_global(plan: Plan, shard: str) -> None:
     from conveyor.graphs.compile import topological
 
     for name in topological(plan, plan.nodes[shard].inputs[0]):
-        if plan.nodes[name].op.name in PER_RANK_OPS:
-            raise StateError(f"{_where(plan, name)} lies above {_where(plan, shard)}: the shard's input "
-                             "is then in a per-rank order, and what the old ranks consumed cannot be "
-                             "dealt again to other ranks (put it after the shard)")
+        why = NOT_GLOBAL.get(plan.nodes[name].op.name)
+        if why is not None:
+            raise StateError(f"{_where(plan, name)} lies above {_where(plan, shard)} and cannot be resumed "
+                             f"on another world size or number of worker copies: {why}, so what the old "
+                             "ranks consumed cannot be dealt again to other ranks")
 
 
 def plan_resume(plan: Plan, states: list[dict]) -> dict[str, Any]:
@@ -201,7 +210,6 @@ def plan_resume(plan: Plan, states: list[dict]) -> dict[str, Any]:
     if len(shards) != 1:
         raise StateError(f"elastic resume needs one shard on the way to the output, found {sorted(shards)}")
     shard = shards.pop()
-    _check_global(plan, shard)
     first = slots[0]
     if any(t["levels"] != first["levels"] or t["total"] != first["total"] for t in slots):
         raise StateError(f"{_where(plan, shard)}: the ranks' states disagree on the items of the epoch "

@@ -148,6 +148,7 @@ def _build_iterable(p: IterableParams, inputs: list[BaseNode], ctx: BuildContext
 
 ITERABLE = OpSpec("iterable", IterableParams, _build_iterable, "none",
                   "items of an IterableDataset (torch, Hugging Face) or any iterable; resumed through its "
-                  "state_dict when it has one, else by re-reading and skipping", _check_iterable,
+                  "state_dict when it has one, else by re-reading and skipping; not elastic (no positions to "
+                  "deal again)", _check_iterable,
                   items_in='', items_out="the iterable's items, as it yields them",
                   example='stream: {op: iterable, iterable: mypkg.data:make_stream, args: {split: train}}')
