@@ -8,6 +8,7 @@ from conveyor.errors import (ConveyorError, SampleError, SourceError, SpecError,
                              StateError)
 from conveyor.graphs.api import check_spec, load_graph
 from conveyor.graphs.builder import Graph
+from conveyor.graphs.elastic import dcp_states
 from conveyor.graphs.loader import Loader
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "SpecErrors",
     "StateError",
     "check_spec",
+    "dcp_states",
     "load_graph",
 ]
 __version__ = "0.1.0"

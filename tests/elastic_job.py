@@ -4,7 +4,9 @@ on another, and write each rank's sample-id ledger.
     torchrun --nproc_per_node=2 tests/elastic_job.py --phase save --steps 3 --dir D --jobs JSON
     torchrun --nproc_per_node=3 tests/elastic_job.py --phase resume --dir D --jobs JSON
 
-``--jobs`` is a JSON list of ``{"name", "spec", "params", "steps"}``: one loader each, in turn.
+``--jobs`` is a JSON list of ``{"name", "spec", "params", "steps", "dcp"}``: one loader each, in
+turn; with ``dcp`` the states also go through torch.distributed.checkpoint and come back
+with ``conveyor.dcp_states``.
 ``save``: every rank takes ``steps`` batches, writes the ids it took and its state. ``resume``:
 every rank loads the states of all old ranks, then writes the ids of the rest of the epoch and
 of the next epoch (per batch), and the epoch it resumed in.
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from conveyor import load_graph
+from conveyor import dcp_states, load_graph
 
 
 def _ids(batch) -> list[int]:
@@ -42,8 +44,15 @@ def main() -> None:
                 taken = [i for _ in range(job["steps"]) for i in _ids(next(it))]
                 (out / f"old{rank}.json").write_text(json.dumps(taken))
                 (out / f"state{rank}.json").write_text(json.dumps(loader.state_dict()))
+                if job.get("dcp"):
+                    import torch.distributed.checkpoint as dcp
+
+                    dcp.save({"data": loader}, checkpoint_id=str(out / "dcp"))
             else:
-                states = [json.loads(p.read_text()) for p in sorted(out.glob("state*.json"))]
+                if job.get("dcp"):  # every old rank's entry, read from the DCP checkpoint
+                    states = dcp_states(out / "dcp")
+                else:
+                    states = [json.loads(p.read_text()) for p in sorted(out.glob("state*.json"))]
                 loader.load_state_dict(states)
                 epoch = loader.epoch
                 rest = [i for b in loader for i in _ids(b)]

@@ -51,7 +51,7 @@ def test_torchrun_job_resumes_on_another_world_size(tmp_path: Path, old: int, ne
         lines = [json.dumps({"text": f"record {f}-{i} " + "y" * (i % 5)}) for i in range(40)]
         (text_root / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
     jobs = [{"name": "image", "spec": str(ROOT / "specs/imagenet.yaml"), "params": IMAGE_PARAMS,
-             "steps": image_steps},
+             "steps": image_steps, "dcp": True},  # saved and read back through DCP
             {"name": "text", "spec": str(ROOT / "tests/elastic_text.yaml"),
              "params": {"root": str(text_root), "window": 16}, "steps": text_steps}]
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -68,6 +68,38 @@ def merged_rank_states(states: Any, decode: Callable[[Any], dict[int, dict]]) ->
     return out
 
 
+def dcp_states(checkpoint_id: Any, key: str = "data") -> dict[str, Any]:
+    """Every rank's loader state saved under ``key`` in a ``torch.distributed.checkpoint``, as
+    one merged state: what ``load_state_dict`` takes to resume on another world size.
+
+    A loader saved through DCP (``dcp.save({"data": loader, ...})``) stores each rank's entry
+    under its own key; ``dcp.load`` with a loader of a new world asks only for the new ranks'
+    keys, so an elastic resume reads them all with this instead. Under torchrun every rank
+    calls it (DCP's load is collective when a process group is initialised).
+
+    Args:
+        checkpoint_id: the checkpoint folder given to ``dcp.save``.
+        key: the key the loader was saved under.
+
+    Example:
+        >>> loader.load_state_dict(dcp_states("ckpt/dcp"))   # doctest: +SKIP
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.FileSystemReader(str(checkpoint_id)).read_metadata().state_dict_metadata
+    prefix = key + "."
+    entries = {k[len(prefix):]: "" for k in meta
+               if k.startswith(prefix + "rank") and k[len(prefix) + 4:].isdigit()}
+    if not entries:
+        raise StateError(f"{checkpoint_id}: no loader state under '{key}' (its keys: "
+                         f"{sorted({k.split('.', 1)[0] for k in meta})})")
+    want = {key: {"format": 0, **entries}}
+    dcp.load(want, checkpoint_id=str(checkpoint_id),
+             no_dist=not (dist.is_available() and dist.is_initialized()))
+    return want[key]
+
+
 def complete(by_rank: dict[int, dict]) -> bool:
     """Whether ``by_rank`` holds every rank of one run."""
     worlds = {s.get("world") for s in by_rank.values()}
