@@ -39,6 +39,23 @@ it, and reports the share they took; waiting stops after ``--wait-budget`` secon
     python benchmarks/imagenet_throughput.py --large         # ~2.5 min on a quiet 2-core machine
     python benchmarks/imagenet_throughput.py --quick         # a few seconds: smoke test
     python benchmarks/imagenet_throughput.py --out table.md  # also write the markdown
+
+``--targets`` (issue 12) is another comparison: conveyor's specs as they are against the
+DataLoader users write, whose Dataset does the work with Pillow (``_common.full_train_transform``:
+full decode, RandomResizedCrop rule, BILINEAR resize, flip), on generated JPEGs that are not
+the bundled sample: ``--count`` ImageNet-sized (~450x360, ~50 kB) and ``--large-count``
+camera-sized ones listed ``--large-repeat`` times. Contenders: imagenet.yaml (threads),
+imagenet-procs.yaml (processes), DataLoader with ``--dl-workers`` (2,4), plain threads and one
+thread running conveyor's kernel with no loader (2 x one thread is the machine limit). Each
+measurement builds a fresh contender, runs ``--epochs`` epochs back to back and closes it
+(worker processes stopped) before the next starts, so nothing of one contender runs while
+another is timed; samples/s are counted from batch ``--skip`` (10) on, the build-to-first-batch
+time is reported apart; ``--rounds`` rounds, the order rotated each round, ratios are medians of
+per-round ratios. Then the memory (PSS) of one loader's process tree over ``--mem-epochs``
+epochs. ``--parts small,large,mem`` picks parts.
+
+    python benchmarks/imagenet_throughput.py --targets --out targets.md  # ~5 min quiet
+    python benchmarks/imagenet_throughput.py --targets --quick           # ~1 min: smoke test
 """
 
 from __future__ import annotations
