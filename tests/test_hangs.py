@@ -289,3 +289,38 @@ def test_close_ends_a_prefetch_thread_busy_in_its_input(write_spec) -> None:
     finally:
         loader.close()
     assert not [t.name for t in threading.enumerate() if "_populate_queue" in t.name]
+
+
+# ----- python - <<EOF: worker processes cannot import a main read from stdin ----------------
+
+FROM_STDIN = """
+import logging, sys
+logging.basicConfig()
+sys.path.insert(0, %r)
+from conveyor import load_graph
+if __name__ == "__main__":
+    out = []
+    for spec in sys.argv[1:3]:
+        with load_graph(spec) as loader:
+            out.append([i for _ in range(2) for b in loader for i in b["index"].tolist()])
+    print("same" if out[0] == out[1] and len(out[0]) == 80 else f"differ {out}", flush=True)
+    with load_graph(sys.argv[1]) as loader:
+        print(loader.nodes["batch"].method, flush=True)
+    with load_graph(sys.argv[3]) as loader:  # map's own worker processes
+        print(len(list(loader)), loader.nodes["parse"].method, flush=True)
+""" % str(TESTS)
+
+
+def test_worker_processes_fall_back_to_threads_when_main_comes_from_stdin(write_spec) -> None:
+    procs = write_spec(COPIES_SPEC.replace("output: batch", "  collate: {op: collate}\noutput: collate")
+                       .replace("until: parse", "until: batch"), "procs.yaml")
+    threads = write_spec(procs.read_text().replace("method: process", "method: thread"), "threads.yaml")
+    mapped = write_spec(PROCESS_MAP_SPEC.replace("method: process", "method: process, mp_context: spawn"),
+                        "map.yaml")  # (under fork, map's processes import nothing: they just run)
+    out = subprocess.run([sys.executable, "-", str(procs), str(threads), str(mapped)], input=FROM_STDIN,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["same", "thread", "10", "thread"], out.stdout + out.stderr[-2000:]
+    said = [line for line in out.stderr.splitlines() if "worker processes need a script file" in line]
+    assert len(said) == 2 and "2 worker copies" in said[0] and "node 'parse' (map)" in said[1], said
+    assert "__main__" not in out.stderr  # not the advice to add the guard the script already has

@@ -70,3 +70,41 @@ def end_processes(named: Iterable[tuple[str, Any]], *, wait: float) -> list[str]
     if killed:
         log.warning("closing: killed %s", "; ".join(killed))
     return killed
+
+
+_said: set[str] = set()
+
+
+def threads_instead(start_method: str | None, what: str) -> bool:
+    """True (and a warning, once per process) when worker processes cannot start here.
+
+    ``spawn`` and ``forkserver`` start a fresh interpreter that imports the main script
+    again by its path; a main module read from stdin (``python - <<EOF``, ``__file__`` is
+    ``'<stdin>'``) or from a file since removed has no path to import, and every worker would
+    die at start. The caller then runs ``what`` in threads: the same items, in the same
+    order, only slower where ``fn`` holds the GIL.
+
+    Args:
+        start_method: the multiprocessing start method (None: the default one).
+        what: the workers in words, for the warning.
+    """
+    import multiprocessing as mp
+    import os
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path is None or getattr(main, "__spec__", None) is not None:
+        return False  # python -c, a REPL, python -m: nothing (or a module name) to import again
+    if os.path.exists(path):
+        return False
+    if mp.get_context(start_method).get_start_method() not in ("spawn", "forkserver"):
+        return False
+    if what not in _said:
+        _said.add(what)
+        log.warning("%s: worker processes need a script file: the main module comes from %r "
+                    "(python - reads it from stdin), which a new worker process cannot import again; "
+                    "running them in threads instead (the same items in the same order, slower where "
+                    "fn holds the GIL). Save the code to a .py file and run that to get processes.",
+                    what, path)
+    return True

@@ -19,7 +19,8 @@ how many of its items were taken, plus the turn and which copies are done. A res
 each copy its own state (the copy re-runs the few items taken from the chunk and drops them),
 so nothing in flight is lost or repeated.
 Workers start under ``spawn`` by default (safe with the threads a loader runs); ``factory``
-must then be picklable. Errors in a worker come back as the original exception when it can be
+must then be picklable. Where the main module cannot be imported again (``python -`` reads it
+from stdin) they run in threads instead, with a warning (``_children.threads_instead``). Errors in a worker come back as the original exception when it can be
 pickled, else as a ``RuntimeError`` with its text; a worker that dies is an error, not a hang.
 """
 
@@ -36,7 +37,7 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
-from conveyor.nodes._children import describe, end_processes
+from conveyor.nodes._children import describe, end_processes, threads_instead
 from conveyor.nodes._elastic import Cursor, compact
 from conveyor.nodes._handoff import Packer, unpack
 from conveyor.nodes._parent import Parent, watch_parent
@@ -285,8 +286,10 @@ class WorkerCopies(BaseNode):
             raise ValueError(f"{method=} must be one of {METHODS}")
         self.factory = factory
         self.copies = copies
-        self.method = method
         self.mp_context = mp_context or "spawn"
+        if method == "process" and threads_instead(self.mp_context, f"{copies} worker copies"):
+            method = "thread"
+        self.method = method
         self.depth = depth
         self.pipe_bytes = pipe_bytes
         self.run_ahead = run_ahead

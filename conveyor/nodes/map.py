@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 from torchdata.nodes import BaseNode, ParallelMapper
 
-from conveyor.nodes._children import describe, end_processes
+from conveyor.nodes._children import describe, end_processes, threads_instead
 from conveyor.nodes._parent import watch_parent
 from conveyor.nodes._elastic import Cursor
 from conveyor.nodes._pool import OrderedThreads
@@ -206,9 +206,11 @@ class Map(BaseNode):
         self.source = _Enumerate(CarryErrors(source))
         self.call = _Call(fn, args or {}, seed, rank)
         self.workers = workers
+        self.where = where or f"map {getattr(fn, '__name__', fn)!r}"
+        if workers and method == "process" and threads_instead(mp_context, self.where):
+            method = "thread"  # the main module cannot be imported again by a worker: said once
         self.method = method
         self.on_error = on_error
-        self.where = where or f"map {getattr(fn, '__name__', fn)!r}"
         self.mp_context = mp_context
         self.max_concurrent = max_concurrent
         if not isinstance(snapshot_every, int) or snapshot_every < 1:
