@@ -161,3 +161,25 @@ output: both
     got = {(e["node"], e["sample"].replace(tmp_path.as_posix() + "/", "")) for e in ledger["entries"]}
     assert got == {("read", "a.jsonl:2"), ("read", "a.jsonl:4"), ("tar", "s-0.tar#k2")}
     assert ledger["count"] == 3
+
+
+def test_skipped_is_current_for_nodes_upstream_of_a_shuffle(tmp_path: Path, write_spec) -> None:
+    # read_jsonl's ledger in a state is as of the shuffle window's start; skipped() is live
+    (tmp_path / "a.jsonl").write_text("".join('{"text": "t%d"}\n' % i if i % 10 else "bad\n" for i in range(60)))
+    spec = write_spec(f"""
+nodes:
+  files:   {{op: list_files, url: "{tmp_path.as_posix()}/*.jsonl"}}
+  read:    {{op: read_jsonl, on_error: skip}}
+  shuffle: {{op: shuffle_buffer, size: 30}}
+output: shuffle
+""")
+    with load_graph(spec) as loader:
+        it = iter(loader)
+        next(it)  # the first window (30 records: 33 lines, 3 or 4 of them bad) is read
+        assert loader.skipped()["count"] >= 3  # (the state's ledger of read is from before them)
+        state = loader.state_dict()
+        rest = list(it)
+        assert len(rest) == 53 and loader.skipped()["count"] == 6
+    with load_graph(spec) as again:
+        again.load_state_dict(state)
+        assert list(again) == rest and again.skipped()["count"] == 6  # the replay counts no skip twice

@@ -35,7 +35,7 @@ from conveyor.graphs.even import agreement_for
 from conveyor.graphs.instrument import node_perf
 from conveyor.graphs.length import UnknownLength, epoch_length
 from conveyor.graphs.watchdog import DEFAULT_AFTER, Watchdog, graph_progress, graph_report
-from conveyor.nodes._skips import gather
+from conveyor.nodes._skips import LEDGER_KEY, gather, ledgers
 from conveyor.nodes._threads import join_threads
 
 log = logging.getLogger(__name__)
@@ -616,7 +616,13 @@ class Loader:
         """
         if not self._started:
             return {"count": 0, "entries": []}  # nothing ran yet (and nothing is started to ask)
-        entries, count = gather(self._rank_state()["graph"])
+        # the nodes of this process are read live (their ledgers in a state are as of the point a
+        # restore would replay from); those of worker copies through the copies' state
+        live = [c.inner.ledger.state() for c in self._c.nodes.values()
+                if getattr(c.inner, "ledger", None) is not None]
+        if self._c.copied:
+            live += list(ledgers(self._rank_state()["graph"], set(self._c.copied)))
+        entries, count = gather([{LEDGER_KEY: ledger} for ledger in live])
         return {"count": count, "entries": entries}
 
     def _perf(self, elapsed: float) -> dict[str, dict[str, Any]]:

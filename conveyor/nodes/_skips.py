@@ -95,20 +95,27 @@ class SkipLedger:
             self.entries = {} if state is None else {e[0]: list(e) for e in state["entries"]}
 
 
-def _ledgers(state: Any) -> Iterator[dict]:
+def ledgers(state: Any, only: set[str] | None = None) -> Iterator[dict]:
+    """The ledgers in a state (of nodes named in ``only``, when given)."""
     if isinstance(state, dict):
         for key, value in state.items():
             if key == LEDGER_KEY and isinstance(value, dict) and "entries" in value:
-                yield value
+                if only is None or value.get("node") in only:
+                    yield value
             else:
-                yield from _ledgers(value)
+                yield from ledgers(value, only)
     elif isinstance(state, list):
         for value in state:
-            yield from _ledgers(value)
+            yield from ledgers(value, only)
 
 
-def gather(state: Any, limit: int = LEDGER_LIMIT) -> tuple[list[dict], int]:
+def gather(state: Any, limit: int = LEDGER_LIMIT, only: set[str] | None = None) -> tuple[list[dict], int]:
     """Every ledger found in a graph's state (worker copies' included), merged by node.
+
+    Args:
+        state: a state, or any plain data holding ledgers under ``LEDGER_KEY``.
+        limit: entries returned at most.
+        only: the node names to gather (default: all).
 
     Returns:
         ``(entries, total)``: at most ``limit`` entries, each ``{"node", "sample", "error",
@@ -116,7 +123,7 @@ def gather(state: Any, limit: int = LEDGER_LIMIT) -> tuple[list[dict], int]:
     """
     merged: dict[tuple[str, str], dict] = {}
     total = 0
-    for ledger in _ledgers(state):
+    for ledger in ledgers(state, only):
         total += ledger["count"]
         for sample, kind, message, times in ledger["entries"]:
             key = (ledger["node"], sample)
