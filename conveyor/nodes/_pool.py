@@ -25,6 +25,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
@@ -35,50 +36,59 @@ log = logging.getLogger(__name__)
 CLOSE_WAIT = 2.0  # seconds close() waits for threads still inside fn before abandoning them
 
 
+def _run(jobs: queue.SimpleQueue, call: Callable[[Any], Any]) -> None:
+    """A worker thread: run ``call`` on each queued ``(future, item)`` until a ``None``."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        fut, item = job
+        if not fut.set_running_or_notify_cancel():
+            continue
+        try:
+            out = call(item)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the item
+            out, failed = exc, True
+        else:
+            failed = False
+        try:
+            if failed:
+                fut.set_exception(out)
+            else:
+                fut.set_result(out)
+        except InvalidStateError:  # closed while fn ran: nobody waits for this item now
+            pass
+        del job, fut, item, out
+
+
+def _end(jobs: queue.SimpleQueue, n: int) -> None:
+    for _ in range(n):
+        jobs.put(None)
+
+
 class _Threads:
-    """``workers`` daemon threads running ``call(item)`` for each ``(future, item)`` queued."""
+    """``workers`` daemon threads running ``call(item)`` for each ``(future, item)`` queued.
+
+    The threads hold the queue, not this object: a pool nobody closed ends its threads when
+    it is garbage-collected (a node dropped without ``close()``), as an executor's do.
+    """
 
     def __init__(self, call: Callable[[Any], Any], workers: int, name: str):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._call = call
-        self.threads = [threading.Thread(target=self._run, name=f"{name}_{i}", daemon=True)
+        self.threads = [threading.Thread(target=_run, args=(self._jobs, call), name=f"{name}_{i}", daemon=True)
                         for i in range(workers)]
         for t in self.threads:
             t.start()
+        self._ender = weakref.finalize(self, _end, self._jobs, workers)
 
     def submit(self, item: Any) -> Future:
         fut: Future = Future()
         self._jobs.put((fut, item))
         return fut
 
-    def _run(self) -> None:
-        jobs, call = self._jobs, self._call
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            fut, item = job
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                out = call(item)
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the item
-                out, failed = exc, True
-            else:
-                failed = False
-            try:
-                if failed:
-                    fut.set_exception(out)
-                else:
-                    fut.set_result(out)
-            except InvalidStateError:  # closed while fn ran: nobody waits for this item now
-                pass
-            del job, fut, item, out
-
     def stop(self, wait: float) -> list[threading.Thread]:
         """Ask every thread to end; returns those still alive after ``wait`` seconds."""
-        for _ in self.threads:
-            self._jobs.put(None)
+        self._ender()  # (once: a later collection adds nothing)
         deadline = time.monotonic() + wait
         for t in self.threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
