@@ -61,6 +61,15 @@ def test_map_batches_skips_only_the_bad_items_and_raises_naming_the_node(caplog)
     assert "in node 'tok' (map)" in info.value.__notes__
 
 
+def test_map_batches_state_after_the_end_resumes_at_the_end():
+    node = MapBatches(IterableWrapper(range(7)), fn=lambda xs: [x * 10 for x in xs], size=3)
+    assert list(node) == [0, 10, 20, 30, 40, 50, 60]
+    state = node.state_dict()
+    again = MapBatches(IterableWrapper(range(7)), fn=lambda xs: [x * 10 for x in xs], size=3)
+    again.reset(state)
+    assert list(again) == [] and again.state_dict() == state
+
+
 def test_map_batches_needs_one_result_per_item_and_no_rng():
     with pytest.raises(TypeError, match="returned 1 results"):
         list(MapBatches(IterableWrapper(range(5)), fn=lambda xs: xs[:1], size=2, on_error="skip"))
@@ -70,6 +79,21 @@ def test_map_batches_needs_one_result_per_item_and_no_rng():
 
     with pytest.raises(ValueError, match="takes an rng"):
         MapBatches(IterableWrapper(range(5)), fn=with_rng, size=2)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_map_batches_says_how_many_input_items_a_state_consumed(workers):
+    from conveyor.nodes._elastic import Cursor
+
+    node = MapBatches(IterableWrapper(range(20)), fn=_halve_or_fail, size=6, on_error="skip", workers=workers)
+    node.reset()
+    for k in range(1, 17):
+        next(node)
+        cursor = MapBatches.elastic_input(Cursor(node.state_dict(), more=1), size=6)
+        consumed = (cursor.state or {}).get("_num_yielded", 0) + cursor.more
+        # the k-th output came from input item x (bad items in between were consumed too), + 1 more
+        assert consumed == [x for x in range(20) if x % 5 != 3][k - 1] + 1 + 1, (k, cursor)
+    node.close()
 
 
 def test_map_batch_in_a_spec_and_its_errors(write_spec):

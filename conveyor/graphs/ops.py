@@ -282,6 +282,8 @@ def _elastic_shuffle(p: ShuffleBufferParams, ctx: Any, cursor: Cursor) -> Cursor
 def _elastic_map(p: MapParams, ctx: Any, cursor: Cursor) -> Cursor:
     if not p.ordered:
         raise ValueError("ordered: false emits items in the order they finish, which no state records")
+    if p.batch is not None:
+        return MapBatches.elastic_input(cursor, p.batch)
     return Map.elastic_input(cursor)
 
 

@@ -15,8 +15,8 @@ items are skipped and counted (``stats()["skipped"]``), never their neighbours. 
 ``rng`` (a list has no single sample index): per-sample randomness needs ``map``.
 
 Outputs do not depend on where lists start, so the state is the inner map's state before the
-current list and how many of its results were emitted; a restore maps that list again and
-drops those results. The state is as small as ``Map``'s; a restore re-runs ``fn`` on at most
+current list and how many of its results were emitted (all of them, between lists); a restore
+maps that list again and drops those results. The state is as small as ``Map``'s; a restore re-runs ``fn`` on at most
 one list.
 """
 
@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
+from conveyor.nodes._elastic import Cursor
 from conveyor.nodes._skips import log_skip
 from conveyor.nodes.map import Map, _Failed
 
@@ -183,7 +184,7 @@ class MapBatches(BaseNode):
         self.inner.reset(initial_state[self.INNER_KEY])
         self._before = initial_state[self.INNER_KEY]
         emitted = initial_state[self.EMITTED_KEY]
-        if emitted:  # the list being emitted when the state was taken: mapped again
+        if emitted:  # the list being (or last) emitted when the state was taken: mapped again
             self._out = next(self.inner)
             self._pos = emitted
             for i in range(emitted):
@@ -194,9 +195,9 @@ class MapBatches(BaseNode):
             pos = self._pos
             out = self._out
             if pos >= len(out):
-                self._before = self.inner.state_dict()
-                self._out = out = next(self.inner)  # StopIteration ends the stream
-                self._pos = pos = 0
+                before = self.inner.state_dict()
+                out = next(self.inner)  # StopIteration ends the stream (the state stays as it was)
+                self._before, self._out, self._pos, pos = before, out, 0, 0
             item = out[pos]
             out[pos] = None  # let emitted results go
             self._pos = pos + 1
@@ -213,7 +214,18 @@ class MapBatches(BaseNode):
         log_skip(log, self.skipped, f"{self.where}: skipped an item ({failed.text})")
 
     def get_state(self) -> dict:
-        if self._pos >= len(self._out):  # nothing pending: the state after the last list
-            return {self.INNER_KEY: self.inner.state_dict(), self.EMITTED_KEY: 0,
-                    self.SKIPPED_KEY: self.skipped}
+        # always the state before the current list (all of whose results may be out: then a
+        # restore maps it again and drops them all), so that every list the inner state counts
+        # as done is a whole one of ``size`` items (elastic_input relies on it)
         return {self.INNER_KEY: self._before, self.EMITTED_KEY: self._pos, self.SKIPPED_KEY: self.skipped}
+
+    @staticmethod
+    def elastic_input(cursor: Cursor, size: int) -> Cursor:
+        """Consumed input items (elastic resume): the inner map's consumed lists, whole, plus
+        the results of the current list already emitted and the outputs after the state
+        (only an epoch's last list is short, and it is never followed by another)."""
+        if cursor.state is None:
+            return cursor
+        lists = Map.elastic_input(Cursor(cursor.state[MapBatches.INNER_KEY]))
+        return Cursor(lists.state, lists.more * size + cursor.state[MapBatches.EMITTED_KEY] + cursor.more,
+                      cursor.extra)
