@@ -224,3 +224,24 @@ def test_orjson_and_stdlib_read_the_same_records(tmp_path, monkeypatch):
     slow = list(slow_node)
     assert repr(fast) == repr(slow)  # NaN too
     assert [r["line"] for r in fast] == [1, 2, 3, 4, 7] and slow_node.stats()["skipped"] == 2
+
+
+def test_a_batch_map_resumes_on_another_world_size(monkeypatch, tmp_path):
+    """Elastic resume through map with batch (whole lists counted, the current one in part)."""
+    from test_elastic import TEXT, _all_ids, _exactly_once, _interrupt, _resume
+
+    text = TEXT.read_text(encoding="utf-8")
+    spec = tmp_path / "elastic_batch.yaml"
+    spec.write_text(text.replace('args: {max_length: 64}}', 'args: {max_length: 64}, batch: 5}'), encoding="utf-8")
+    assert "batch: 5" in spec.read_text(encoding="utf-8")
+    root = tmp_path / "data"
+    root.mkdir()
+    for f in range(3):
+        lines = [json.dumps({"text": f"record {f}-{i} " + "x" * (i % 7)}) for i in range(40)]
+        (root / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    params = {"root": str(root), "window": 16}
+    ids = {i: k for k, i in enumerate(_all_ids(monkeypatch, spec, **params))}
+    assert len(ids) == 120
+    taken, states = _interrupt(monkeypatch, spec, 2, 3, **params)
+    rest, _ = _resume(monkeypatch, spec, 3, states, **params)
+    _exactly_once(120, [ids[i] for i in taken], [[ids[i] for i in r] for r in rest])
