@@ -228,3 +228,38 @@ def test_lmdb_errors_name_the_environment_and_key(lmdb_env: Path, tmp_path: Path
     next(node2)
     with pytest.raises(StateError, match="listing of 20 keys, but .* now lists 200"):
         ListLmdb(path=str(lmdb_env)).reset(node2.state_dict())
+
+
+def test_an_lmdb_epoch_left_by_2_ranks_goes_on_on_3(lmdb_env: Path, write_spec, monkeypatch) -> None:
+    spec = write_spec(f"""
+nodes:
+  keys:    {{op: list_lmdb, path: "{lmdb_env.as_posix()}", shuffle: true}}
+  shard:   {{op: shard}}
+  shuffle: {{op: shuffle_buffer, size: 16}}
+  read:    {{op: read_lmdb}}
+  batch:   {{op: batch, size: 8}}
+output: batch
+""")
+
+    def opened(rank: int, world: int):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        return load_graph(spec)
+
+    taken, states = [], []
+    for rank in range(2):
+        with opened(rank, 2) as loader:
+            it = iter(loader)
+            for _ in range(3):
+                taken += [r["key"] for r in next(it)]
+            states.append(json.loads(json.dumps(loader.state_dict())))
+    rest = []
+    for rank in range(3):
+        with opened(rank, 3) as loader:
+            loader.load_state_dict(states)
+            rest.append([r["key"] for b in loader for r in b])
+    new = [k for r in rest for k in r]
+    left = 200 - len(taken)
+    assert len(set(taken)) == len(taken) == 48 and not set(new) & set(taken)
+    assert len(set(new)) == left and len(set(new) | set(taken)) == 200
+    assert [len(r) for r in rest] == [-(-left // 3)] * 3  # equal shares (equalize pads the last)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torchdata.nodes import BaseNode
 
-from conveyor.graphs.ops import BuildContext, Label, OnError
+from conveyor.graphs.ops import BuildContext, Label, OnError, elastic_through
 from conveyor.graphs.registry import OpSpec, param
 
 
@@ -91,18 +91,19 @@ def _build_read_lmdb(p: ReadLmdbParams, inputs: list[BaseNode], ctx: BuildContex
 
 
 READ_PARQUET = OpSpec("read_parquet", ReadParquetParams, _build_read_parquet, "one",
-                      "rows of Parquet files (pyarrow), by row group, resumable mid-file", _check_read_parquet,
+                      "rows of Parquet files (pyarrow), by row group, resumable mid-file; elastic above a "
+                      "shard (a global order), not below one (a file partly read)", _check_read_parquet,
                       items_in='file records {path, ...} (list_files)',
                       items_out='one dict per row, by column',
                       example='rows: {op: read_parquet, columns: [text, label]}')
 LIST_LMDB = OpSpec("list_lmdb", ListLmdbParams, _build_list_lmdb, "none",
-                   "keys of a local LMDB environment in key order, as {lmdb, key, label, index}",
-                   _check_list_lmdb,
+                   "keys of a local LMDB environment in key order, as {lmdb, key, label, index}; a "
+                   "global order (elastic above a shard)", _check_list_lmdb,
                    items_in='', items_out='{lmdb, key, label, index} per key, in key order',
                    example='keys: {op: list_lmdb, path: "${root}/train.lmdb", shuffle: true}')
 READ_LMDB = OpSpec("read_lmdb", ReadLmdbParams, _build_read_lmdb, "one",
-                   "each key record's value from its LMDB environment, lock-free readers",
-                   _check_read_lmdb,
+                   "each key record's value from its LMDB environment, lock-free readers; elastic",
+                   _check_read_lmdb, elastic=elastic_through,
                    items_in='key records (list_lmdb)',
                    items_out="the same records with the value's bytes under out",
                    example='values: {op: read_lmdb}')
