@@ -236,9 +236,17 @@ def breakdown(spec: Path, root: str, epochs: int, rounds: int) -> str:
                     records += batch["input_ids"].shape[0]
             times.setdefault(("Counted", "loader (+ prefetch)"), []).append(time.process_time() - t0)
     stages.append("loader (+ prefetch)")
+    paths = sorted(glob.glob(os.path.join(root, "*.jsonl")))
+    for _ in range(rounds):
+        t0 = time.thread_time()
+        bare_bytes(paths, epochs, json.loads)
+        times.setdefault(("none", "bare loop: json + bytes"), []).append(time.thread_time() - t0)
+    stages.append("bare loop: json + bytes")
     rows = []
     prev = {w: 0.0 for w in wrappers}
     for stage in stages:
+        if stage.startswith("bare"):
+            prev = {w: 0.0 for w in wrappers}
         row = [stage]
         for wname in wrappers:
             if (wname, stage) not in times:
@@ -250,7 +258,8 @@ def breakdown(spec: Path, root: str, epochs: int, rounds: int) -> str:
         rows.append(row)
     headers = ["pulled up to"] + [f"{w} {k}" for w in wrappers for k in ("us/rec", "node")]
     return (f"CPU us per record ({records} records in {epochs} epochs; thread CPU time, process CPU "
-            f"time for the loader), median of {rounds} rounds; 'node': the increment over the row above\n\n"
+            f"time for the loader), median of {rounds} rounds; 'node': the increment over the row above; "
+            "the last row is issue 18's bare loop, for scale\n\n"
             + md_table(headers, rows, [False] + [True] * (2 * len(wrappers))))
 
 
