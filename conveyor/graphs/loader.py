@@ -1,7 +1,9 @@
 """Loader: runs a compiled graph epoch after epoch, saves and restores its place, closes.
 
 Iterating the loader runs one epoch; iterating it again starts the next, reshuffled (the
-loader tells every node the epoch: there is no ``set_epoch`` to forget). ``state_dict()``
+loader tells every node the epoch: there is no ``set_epoch`` to forget, though
+``set_epoch(n)`` jumps to epoch ``n``). ``len()`` is an epoch's batch count where the graph
+fixes it (graphs/length.py); ``peek()`` shows the next batch without taking it. ``state_dict()``
 may be called at any step; ``load_state_dict()`` makes the next iteration continue exactly
 after the step the state was taken at, in this process or a new one. A state taken after
 the last batch of an epoch resumes at the first batch of the next epoch.
@@ -13,11 +15,12 @@ dict) stay distinct and each rank loads its own. The JSON holds the rank's own s
 layout version, the spec's digest and node params (to name what differs when a state does not
 fit), the epoch, the batches yielded in it, the rank and world, and the graph's own state
 (``rank_states`` decodes it). A state differing from this graph's spec only in params that
-leave the data the same (``SAFE_PARAMS``: workers, prefetch depth, retries...) loads as it is. In a job of several ranks whose graph can give them uneven
-batch counts, every rank ends each epoch at the same batch (``conveyor/graphs/even.py``).
-A loader whose graph stalls says where it waits (``conveyor/graphs/watchdog.py``).
-``close()`` (or ``with``) stops every thread and process;
-a loader nobody closed is closed when it is garbage-collected or the interpreter exits.
+leave the data the same (``SAFE_PARAMS``: workers, prefetch depth, retries...) loads as it is.
+
+In a job of several ranks whose graph can give them uneven batch counts, every rank ends each
+epoch at the same batch (``conveyor/graphs/even.py``). A loader whose graph stalls says where
+it waits (``conveyor/graphs/watchdog.py``). ``close()`` (or ``with``) stops every thread and
+process; a loader nobody closed is closed when it is garbage-collected or the interpreter exits.
 """
 
 from __future__ import annotations
