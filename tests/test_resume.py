@@ -224,7 +224,7 @@ def test_killed_training_resumes_with_exactly_the_uninterrupted_samples(tmp_path
         proc.wait(timeout=30)
     import torch
 
-    saved_step = torch.load(tmp_path / "ck/last.pt", weights_only=False)["step"]
+    saved_step = torch.load(tmp_path / "ck/last.pt")["step"]  # torch.load defaults read it
     assert 3 <= saved_step < 40
 
     log2 = tmp_path / "run2.log"
