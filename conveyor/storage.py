@@ -253,6 +253,16 @@ def _full_url(fs: Any, path: str, like: str) -> str:
     return path if "://" in path else f"{protocol}://{path}"
 
 
+def _retrieve(task: asyncio.Future) -> None:
+    """Mark a finished task's exception as seen. ``run_coroutine_threadsafe`` copies a task's
+    outcome to its future only if nobody cancelled that future; when a reader cancels the reads
+    in flight (``Fetch`` does, once one read fails), a read that failed in the meantime would
+    otherwise print ~100 lines of "Task exception was never retrieved" at exit, after the error
+    that matters."""
+    if not task.cancelled():
+        task.exception()
+
+
 class Storage:
     """Reads (and for ``conveyor pack``, writes) objects with one retry policy and one set of
     counters. Made by a node; ``close()`` stops its threads and cancels what is in flight.
@@ -330,6 +340,9 @@ class Storage:
 
     async def _run_async(self, url: str, make: Callable[[], Awaitable[Any]],
                          timeout: float | None = -1.0) -> Any:
+        task = asyncio.current_task()
+        if task is not None:  # a read cancelled as it fails is not then logged by asyncio at exit
+            task.add_done_callback(_retrieve)
         timeout = self.policy.timeout if timeout == -1.0 else timeout
         for attempt in range(self.policy.attempts):
             self.stats.add("requests")

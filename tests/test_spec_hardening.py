@@ -172,3 +172,31 @@ def test_a_misspelt_s3_option_is_a_clear_error_at_run_time_too():
         filesystem("s3://bucket/x.jpg", {"key": "AKIAEXAMPLE", "secret_key": "do-not-print"})
     assert str(info.value) == ("storage_options: s3 has no option 'secret_key' (did you mean 'secret'?) "
                                "(reading s3://bucket/x.jpg)")
+
+
+def test_a_failed_read_nobody_waits_for_is_not_logged_by_asyncio(caplog):
+    # after a SourceError, Fetch cancels the reads in flight; a read that failed meanwhile has an
+    # exception nobody retrieves (run_coroutine_threadsafe skips a cancelled future), which asyncio
+    # printed at exit as ~100 lines of "Task exception was never retrieved"
+    import asyncio
+    import gc
+
+    from conveyor.storage import Storage
+
+    async def failing_read() -> bytes:
+        raise ValueError("permanent failure")
+
+    storage, loop = Storage(), asyncio.new_event_loop()
+    try:
+        with caplog.at_level("ERROR", logger="asyncio"):
+            task = loop.create_task(storage._run_async("s3://b/x", failing_read))
+            loop.run_until_complete(asyncio.wait([task]))
+            assert isinstance(task.exception(), conveyor.SampleError)  # it did fail, and says so
+            task = loop.create_task(storage._run_async("s3://b/y", failing_read))
+            loop.run_until_complete(asyncio.wait([task]))
+            del task  # nobody looks at this one
+            gc.collect()
+        assert [r.getMessage() for r in caplog.records] == []
+    finally:
+        storage.close()
+        loop.close()
