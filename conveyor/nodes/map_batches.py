@@ -150,8 +150,8 @@ class MapBatches(BaseNode):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"{on_error=} must be one of ('raise', 'skip')")
         if wants_rng(fn):
-            raise ValueError(f"{getattr(fn, '__name__', fn)!r} takes an rng or a generator, which a batch map cannot give "
-                             "(a list has no single sample index): use map without batch")
+            raise ValueError(f"{getattr(fn, '__name__', fn)!r} takes an rng or a generator, which a batch "
+                             "map cannot give (a list has no single sample index): use map without batch")
         self.size = size
         self.on_error = on_error
         self.where = where or f"map {getattr(fn, '__name__', fn)!r} (batch {size})"
