@@ -244,8 +244,12 @@ def test_a_stopped_worker_is_named_by_the_watchdog_and_killed_at_close(write_spe
         caplog.clear()
         threading.Thread(target=endless, daemon=True).start()
         with caplog.at_level(logging.WARNING):
-            assert _wait_until(lambda: any("copy 1" in r.getMessage() for r in caplog.records))
-            said = next(r.getMessage() for r in caplog.records if "copy 1" in r.getMessage())
+            def said_stopped() -> list[str]:
+                return [r.getMessage() for r in caplog.records if "copy 1 (process" in r.getMessage()
+                        and "stopped" in r.getMessage()]
+
+            assert _wait_until(said_stopped, timeout=60), [r.getMessage() for r in caplog.records]
+            said = said_stopped()[0]
             assert "no item has moved" in said
             assert "'batch' (batch" in said and "'parse' (map, in worker copies up to here" in said, said
             assert f"waits for worker copy 1 (process, pid {stopped.pid}, stopped" in said, said
