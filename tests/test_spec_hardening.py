@@ -200,3 +200,14 @@ def test_a_failed_read_nobody_waits_for_is_not_logged_by_asyncio(caplog):
     finally:
         storage.close()
         loop.close()
+
+
+def test_collate_after_a_users_fn_may_be_fed_batches_by_it(write_spec):
+    # a user's fn (or iterable, or dataset) may hand on lists: only conveyor's own per-sample
+    # fns and per-record ops are known not to
+    spec = ('nodes:\n  files: {op: list_files, url: "x/*"}\n  m: {op: map, fn: "helpers_fns:ident"}\n'
+            "  collate: {op: collate}\n")
+    assert list(conveyor.check_spec(write_spec(spec)).nodes) == ["files", "m", "collate"]
+    err = only_error(write_spec(spec.replace("helpers_fns:ident", "conveyor.files:read_numbers")))
+    assert (err.line, err.col, err.node) == (4, 3, "collate")
+    assert err.message.startswith("collate stacks the samples of a batch, but nothing before it makes batches")

@@ -33,8 +33,10 @@ SECRET_PARAMS = ("storage_options",)  # never shown; compile.py keeps them out o
 TOP_KEYS = ("params", "nodes", "output", "resumable", "workers", "even_batches", "watchdog", "description")
 NODE_KEYS = ("op", "input")
 MAX_NODES = 500  # keeps the checks (did-you-mean hints compare names) within seconds
-BATCHING_OPS = ("batch", "bucket_batch")
 COLLATING_OPS = ("collate", "pad_collate")  # they need batches: a list of samples per item
+PER_RECORD_OPS = ("list_files", "list_lmdb", "read_jsonl", "read_lmdb", "read_parquet", "read_tar", "fetch",
+                  "shard", "shuffle_buffer", "filter", "map", "mix", "prefetch", "pin_memory", "to_device")
+PER_SAMPLE_FNS = ("conveyor.image:", "conveyor.text:", "conveyor.files:")  # one sample in, one out
 SHUFFLE_AFTER_HEAVY_LIMIT = 64  # a shuffle window bigger than this after a decode is refused
 
 
@@ -246,8 +248,10 @@ def _find_cycle(inputs: dict[str, list[str]]) -> list[str] | None:
 
 
 def _batched_before(name: str, nodes: dict[str, NodePlan], graph: dict[str, list[str]]) -> bool:
-    """Whether some node above ``name`` may make batches: a batching op, a map running a user's
-    fn (which may return lists), a plug-in op, or a node whose check failed (reported on its own)."""
+    """Whether some node above ``name`` may make batches: a batching op, or anything that may hand
+    on a user's lists (a user's fn, an ``iterable`` or ``dataset`` source, a plug-in op), or a
+    node whose check failed (reported on its own). Only ops known to pass single records, and
+    conveyor's own per-sample fns, are known not to."""
     seen: set[str] = set()
     todo = list(graph.get(name, []))
     while todo:
@@ -256,10 +260,10 @@ def _batched_before(name: str, nodes: dict[str, NodePlan], graph: dict[str, list
             continue
         seen.add(up)
         plan = nodes.get(up)
-        if plan is None or plan.params is None or plan.op.name in BATCHING_OPS \
+        if plan is None or plan.params is None or plan.op.name not in PER_RECORD_OPS \
                 or not is_builtin(plan.op.name):
             return True
-        if plan.op.name == "map" and not str(plan.params.fn).startswith("conveyor."):
+        if plan.op.name == "map" and not str(plan.params.fn).startswith(PER_SAMPLE_FNS):
             return True
         todo.extend(graph.get(up, []))
     return False
