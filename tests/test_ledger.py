@@ -183,3 +183,30 @@ output: shuffle
     with load_graph(spec) as again:
         again.load_state_dict(state)
         assert list(again) == rest and again.skipped()["count"] == 6  # the replay counts no skip twice
+
+
+def _fail_lists_holding_three(items: list) -> list:
+    if any(i["index"] == 3 for i in items):
+        raise ValueError("three is bad")
+    return items
+
+
+def test_a_batch_map_records_only_its_bad_items() -> None:
+    from torchdata.nodes import IterableWrapper
+
+    from conveyor.nodes.map_batches import MapBatches
+
+    def make() -> MapBatches:
+        src = IterableWrapper([{"index": i} for i in range(10)])
+        return MapBatches(src, fn=_fail_lists_holding_three, size=4, on_error="skip")
+
+    node = make()
+    node.reset()
+    first = [next(node)["index"] for _ in range(2)]
+    state = json.loads(json.dumps(node.state_dict()))
+    rest = [r["index"] for r in node]
+    assert first + rest == [0, 1, 2, 4, 5, 6, 7, 8, 9] and node.stats() == {"skipped": 1}
+    assert node.ledger.state()["entries"] == [["index 3", "ValueError", "ValueError: three is bad", 1]]
+    again = make()
+    again.reset(state)  # the list holding the bad item is mapped again: it is not recorded twice
+    assert [r["index"] for r in again] == rest and again.ledger.state()["count"] == 1

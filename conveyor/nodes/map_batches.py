@@ -23,16 +23,13 @@ one list.
 from __future__ import annotations
 
 import inspect
-import logging
 from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
 from conveyor.nodes._elastic import Cursor
-from conveyor.nodes._skips import log_skip
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, sample_id
 from conveyor.nodes.map import Map, _Failed
-
-log = logging.getLogger(__name__)
 
 
 def wants_rng(fn: Callable) -> bool:
@@ -105,7 +102,7 @@ class _ListCall:
             raise
         except Exception as exc:
             if len(items) == 1:
-                return [_Failed(exc)]
+                return [_Failed(exc, sample=sample_id(items[0]))]
         out: list = []
         for item in items:  # find the bad items; the good ones are mapped alone
             try:
@@ -113,7 +110,7 @@ class _ListCall:
             except _WrongCount:
                 raise
             except Exception as exc:
-                out.append(_Failed(exc))
+                out.append(_Failed(exc, sample=sample_id(item)))
         return out
 
 
@@ -159,6 +156,7 @@ class MapBatches(BaseNode):
                          method=method, on_error="raise", where=self.where, **map_kw)
         self.workers, self.method = workers, method
         self.skipped = 0
+        self.ledger = SkipLedger()
         self._out: list = []
         self._pos = 0
         self._before: dict | None = None  # the inner map's state before the current list
@@ -181,6 +179,7 @@ class MapBatches(BaseNode):
             self._before = self.inner.state_dict()
             return
         self.skipped = initial_state[self.SKIPPED_KEY]
+        self.ledger.load(initial_state.get(LEDGER_KEY))
         self.inner.reset(initial_state[self.INNER_KEY])
         self._before = initial_state[self.INNER_KEY]
         emitted = initial_state[self.EMITTED_KEY]
@@ -205,19 +204,14 @@ class MapBatches(BaseNode):
                 return item
             self._fail(item)
 
-    def _fail(self, failed: _Failed) -> None:
-        if self.on_error == "raise":
-            exc = failed.exc if failed.exc is not None else RuntimeError(failed.text)
-            exc.add_note(f"in {self.where}")
-            raise exc
-        self.skipped += 1
-        log_skip(log, self.skipped, f"{self.where}: skipped an item ({failed.text})")
+    _fail = Map._fail  # raise with a note naming the node, or count, log and record the skip
 
     def get_state(self) -> dict:
         # always the state before the current list (all of whose results may be out: then a
         # restore maps it again and drops them all), so that every list the inner state counts
         # as done is a whole one of ``size`` items (elastic_input relies on it)
-        return {self.INNER_KEY: self._before, self.EMITTED_KEY: self._pos, self.SKIPPED_KEY: self.skipped}
+        return {self.INNER_KEY: self._before, self.EMITTED_KEY: self._pos, self.SKIPPED_KEY: self.skipped,
+                LEDGER_KEY: self.ledger.state()}
 
     @staticmethod
     def elastic_input(cursor: Cursor, size: int) -> Cursor:
