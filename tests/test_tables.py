@@ -226,8 +226,10 @@ def test_lmdb_errors_name_the_environment_and_key(lmdb_env: Path, tmp_path: Path
     node2 = ListLmdb(path=str(lmdb_env), prefix="n02102040/")
     node2.reset()
     next(node2)
-    with pytest.raises(StateError, match="listing of 20 keys, but .* now lists 200"):
+    with pytest.raises(StateError, match=r"list_lmdb .*: the state was taken over 20 keys, the listing now has 200"):
         ListLmdb(path=str(lmdb_env)).reset(node2.state_dict())
+    with pytest.raises(StateError, match=r"same count, 20, but other keys: a key was renamed or replaced"):
+        ListLmdb(path=str(lmdb_env), prefix="n02979186/").reset(node2.state_dict())
 
 
 def test_an_lmdb_epoch_left_by_2_ranks_goes_on_on_3(lmdb_env: Path, write_spec, monkeypatch) -> None:

@@ -75,6 +75,7 @@ class ListFiles(BaseNode[dict]):
     POS_KEY = "pos"
     COUNT_KEY = "count"
     DIGEST_KEY = "digest"
+    OP, UNIT, NAMES = "list_files", "file", "paths"  # how messages name the op and its items
 
     def __init__(self, *, url: str, label: str | None = None, shuffle: bool = False, seed: int = 0,
                  storage_options: dict[str, Any] | None = None):
@@ -98,22 +99,24 @@ class ListFiles(BaseNode[dict]):
     def records(self) -> list[dict]:
         """The listing (made once, then kept: a listing of object storage costs requests)."""
         if self._records is None:
-            _, paths = _glob(self.url, self.storage_options)
-            if not paths:
-                raise SourceError(f"list_files: no file matches {self.url!r} (check the path and the glob)")
-            classes: dict[str, int] = {}
-            if self.label == "parent_dir":
-                names = sorted({p.rstrip("/").rsplit("/", 2)[-2] for p in paths})
-                classes = {n: i for i, n in enumerate(names)}
-            self._records = [
-                {"path": p, "label": classes[p.rstrip("/").rsplit("/", 2)[-2]] if classes else -1,
-                 "index": i}
-                for i, p in enumerate(paths)
-            ]
-            self.classes = sorted(classes, key=classes.__getitem__)
-            self._digest = _digest(paths)
-            log.debug("list_files: %d files, %d classes", len(paths), len(classes))
+            names, self._records = self._list()
+            self._digest = _digest(names)
         return self._records
+
+    def _list(self) -> tuple[list[str], list[dict]]:
+        """(the sorted paths, their records); sets ``classes``."""
+        _, paths = _glob(self.url, self.storage_options)
+        if not paths:
+            raise SourceError(f"list_files: no file matches {self.url!r} (check the path and the glob)")
+        classes: dict[str, int] = {}
+        if self.label == "parent_dir":
+            names = sorted({p.rstrip("/").rsplit("/", 2)[-2] for p in paths})
+            classes = {n: i for i, n in enumerate(names)}
+        records = [{"path": p, "label": classes[p.rstrip("/").rsplit("/", 2)[-2]] if classes else -1, "index": i}
+                   for i, p in enumerate(paths)]
+        self.classes = sorted(classes, key=classes.__getitem__)
+        log.debug("list_files: %d files, %d classes", len(paths), len(classes))
+        return paths, records
 
     def count(self) -> int:
         """Items per epoch (known from the listing, without reading any file)."""
@@ -133,17 +136,18 @@ class ListFiles(BaseNode[dict]):
     def _check(self, state: dict, n: int) -> None:
         """Refuse a state whose position does not fit this listing any more."""
         count, digest, pos = state.get(self.COUNT_KEY), state.get(self.DIGEST_KEY), state[self.POS_KEY]
+        me, unit = f"{self.OP} {self.url!r}", self.UNIT
         if count is not None and count != n:
-            raise StateError(f"list_files {self.url!r}: the state was taken over {count} files, the "
+            raise StateError(f"{me}: the state was taken over {count} {unit}s, the "
                              f"listing now has {n} ({'added' if n > count else 'removed'}: "
-                             f"{abs(n - count)}); resuming at file {pos} would repeat or skip files")
+                             f"{abs(n - count)}); resuming at {unit} {pos} would repeat or skip {unit}s")
         if digest is not None and digest != self._digest:
-            raise StateError(f"list_files {self.url!r}: the listing changed since the state was taken "
-                             f"(same count, {n}, but other paths: a file was renamed or replaced); "
-                             f"resuming at file {pos} would repeat or skip files")
+            raise StateError(f"{me}: the listing changed since the state was taken "
+                             f"(same count, {n}, but other {self.NAMES}: a {unit} was renamed or replaced); "
+                             f"resuming at {unit} {pos} would repeat or skip {unit}s")
         if not isinstance(pos, int) or not 0 <= pos <= n:
-            raise StateError(f"list_files {self.url!r}: the state is at file {pos!r}, "
-                             f"the listing has {n} files")
+            raise StateError(f"{me}: the state is at {unit} {pos!r}, "
+                             f"the listing has {n} {unit}s")
 
     def next(self) -> dict:
         if self._pos >= len(self._order):

@@ -9,21 +9,16 @@ writes them; classes numbered in sorted order). With ``shuffle=True`` the listin
 permuted every epoch from (seed, epoch). Values are read by ``read_lmdb`` after ``shard`` and
 ``shuffle_buffer``, so a rank reads only its own share.
 
-The state is a position and the listing's length: a restore against an environment whose
-listing changed length is a ``StateError``, not a silent repeat or loss.
+It is a ``ListFiles`` whose listing comes from LMDB, so its state and checks are list_files':
+a position, the listing's length and a digest of its keys; a restore against an environment
+whose keys changed is a ``StateError``, not a silent repeat or loss.
 """
 
 from __future__ import annotations
 
-import random
-
-from torchdata.nodes import BaseNode
-
-from conveyor.errors import SourceError, StateError
+from conveyor.errors import SourceError
 from conveyor.nodes._lmdb import key_text, open_env
-from conveyor.nodes._rng import derive_seed
-
-LABEL_CHOICES = (None, "parent_dir")
+from conveyor.nodes.list_files import ListFiles
 
 
 def _parent(key: str | bytes) -> str:
@@ -32,7 +27,7 @@ def _parent(key: str | bytes) -> str:
     return parts[-2] if len(parts) > 1 else ""
 
 
-class ListLmdb(BaseNode[dict]):
+class ListLmdb(ListFiles):
     """Yield one record per key of the environment at ``path``, in key order.
 
     Args:
@@ -50,78 +45,39 @@ class ListLmdb(BaseNode[dict]):
         {'lmdb': '/data/imagenet.lmdb', 'key': 'n01440764/x.JPEG', 'label': 0, 'index': 0}
     """
 
-    POS_KEY = "pos"
-    COUNT_KEY = "count"
+    OP, UNIT, NAMES = "list_lmdb", "key", "keys"
 
     def __init__(self, *, path: str, prefix: str | None = None, start: str | None = None,
                  stop: str | None = None, label: str | None = None, shuffle: bool = False, seed: int = 0):
-        super().__init__()
-        if label not in LABEL_CHOICES:
-            raise ValueError(f"{label=} must be one of {LABEL_CHOICES}")
         if start is not None and stop is not None and start >= stop:
             raise ValueError(f"{start=} must come before {stop=}")
+        super().__init__(url=path, label=label, shuffle=shuffle, seed=seed)
         self.path, self.prefix, self.start, self.stop = path, prefix, start, stop
-        self.label, self.shuffle, self.seed = label, shuffle, seed
-        self.epoch = 0
-        self._records: list[dict] | None = None
-        self._order: list[int] = []
-        self._pos = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def records(self) -> list[dict]:
-        """The listing (made once, then kept)."""
-        if self._records is None:
-            keys = []
-            prefix = self.prefix.encode() if self.prefix else b""
-            first = max(prefix, self.start.encode()) if self.start else prefix
-            stop = self.stop.encode() if self.stop is not None else None
-            with open_env(self.path).begin(buffers=False) as txn:
-                cur = txn.cursor()
-                found = cur.set_range(first) if first else cur.first()
-                if found:
-                    for key in cur.iternext(keys=True, values=False):
-                        if (prefix and not key.startswith(prefix)) or (stop is not None and key >= stop):
-                            break
-                        keys.append(key)
-            if not keys:
-                what = " and ".join(x for x in (f"prefix {self.prefix!r}" if self.prefix else "",
-                                                f"range [{self.start!r}, {self.stop!r})"
-                                                if self.start or self.stop else "") if x) or "any key"
-                raise SourceError(f"list_lmdb: {self.path!r} has no key matching {what}")
-            texts = [key_text(k) for k in keys]
-            classes: dict[str, int] = {}
-            if self.label == "parent_dir":
-                classes = {n: i for i, n in enumerate(sorted({_parent(k) for k in texts}))}
-            self._records = [{"lmdb": self.path, "key": k, "label": classes[_parent(k)] if classes else -1,
-                              "index": i} for i, k in enumerate(texts)]
-            self.classes = sorted(classes, key=classes.__getitem__)
-        return self._records
-
-    def count(self) -> int:
-        """Items per epoch (the listing's length)."""
-        return len(self.records())
-
-    def reset(self, initial_state: dict | None = None) -> None:
-        super().reset(initial_state)
-        n = len(self.records())
-        self._order = list(range(n))
-        if self.shuffle:
-            random.Random(derive_seed(self.seed, self.epoch)).shuffle(self._order)
-        self._pos = 0
-        if initial_state is not None:
-            if initial_state[self.COUNT_KEY] != n:
-                raise StateError(f"list_lmdb: the state was taken on a listing of {initial_state[self.COUNT_KEY]} "
-                                 f"keys, but {self.path!r} now lists {n}: the environment changed")
-            self._pos = initial_state[self.POS_KEY]
-
-    def next(self) -> dict:
-        if self._pos >= len(self._order):
-            raise StopIteration
-        record = self._records[self._order[self._pos]]  # type: ignore[index]
-        self._pos += 1
-        return dict(record)
-
-    def get_state(self) -> dict:
-        return {self.POS_KEY: self._pos, self.COUNT_KEY: len(self._order)}
+    def _list(self) -> tuple[list[str], list[dict]]:
+        """(the keys as text, their records), read with a cursor and no values; sets ``classes``."""
+        keys = []
+        prefix = self.prefix.encode() if self.prefix else b""
+        first = max(prefix, self.start.encode()) if self.start else prefix
+        stop = self.stop.encode() if self.stop is not None else None
+        with open_env(self.path).begin(buffers=False) as txn:
+            cur = txn.cursor()
+            found = cur.set_range(first) if first else cur.first()
+            if found:
+                for key in cur.iternext(keys=True, values=False):
+                    if (prefix and not key.startswith(prefix)) or (stop is not None and key >= stop):
+                        break
+                    keys.append(key)
+        if not keys:
+            what = " and ".join(x for x in (f"prefix {self.prefix!r}" if self.prefix else "",
+                                            f"range [{self.start!r}, {self.stop!r})"
+                                            if self.start or self.stop else "") if x) or "any key"
+            raise SourceError(f"list_lmdb: {self.path!r} has no key matching {what}")
+        texts = [key_text(k) for k in keys]
+        classes: dict[str, int] = {}
+        if self.label == "parent_dir":
+            classes = {n: i for i, n in enumerate(sorted({_parent(k) for k in texts}))}
+        records = [{"lmdb": self.path, "key": k, "label": classes[_parent(k)] if classes else -1, "index": i}
+                   for i, k in enumerate(texts)]
+        self.classes = sorted(classes, key=classes.__getitem__)
+        return [k if isinstance(k, str) else k.decode("utf-8", "surrogateescape") for k in texts], records
