@@ -421,6 +421,11 @@ def buffers_of(loader: Loader, sizes: SizeSampler) -> list[dict[str, Any]]:
     return out
 
 
+def bench_warmup(seconds: float) -> float:
+    """The bench's warm-up when none is given: a quarter of the measured time, at most 3 s."""
+    return min(3.0, seconds / 4)
+
+
 def run_bench(plan: Plan, *, seconds: float = 10.0, warmup: float | None = None,
               step_time: float = 0.0, on_loader: Callable[[Loader], None] | None = None,
               timeline: Any = None, progress: Callable[[float, int], None] | None = None) -> BenchResult:
@@ -435,7 +440,7 @@ def run_bench(plan: Plan, *, seconds: float = 10.0, warmup: float | None = None,
         timeline: a ``conveyor.report.Timeline`` to sample the run (``--report``).
         progress: passed to ``drive`` (seconds measured so far, samples in them).
     """
-    warmup = min(3.0, seconds / 4) if warmup is None else warmup
+    warmup = bench_warmup(seconds) if warmup is None else warmup
     rss_before = status_bytes("VmRSS").get("VmRSS")
     peak_is_run = reset_peak_rss()
     sizes = SizeSampler()

@@ -316,12 +316,12 @@ def _progress_line(total: float) -> Any:
 
 def _bench_report(args: argparse.Namespace, plan: Plan, *, tune: Any = None, title: str | None = None) -> Any:
     """Run the bench of ``plan`` (progress on stderr), write ``--report``/``--trace``; the result."""
-    from conveyor.bench import run_bench
+    from conveyor.bench import bench_warmup, run_bench
     from conveyor.report import Timeline, write_report
 
     recorder = _trace_recorder(args)
     timeline = Timeline() if getattr(args, "report", None) else None
-    warm = args.warmup if args.warmup is not None else min(3.0, args.seconds / 4)
+    warm = args.warmup if args.warmup is not None else bench_warmup(args.seconds)
     print(f"bench {plan.path}: warming up {warm:g} s, then measuring {args.seconds:g} s", file=sys.stderr,
           flush=True)
     result = run_bench(plan, seconds=args.seconds, warmup=args.warmup,
