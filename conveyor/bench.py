@@ -482,9 +482,11 @@ def run_bench(plan: Plan, *, seconds: float = 10.0, warmup: float | None = None,
 
 # ----- the report ---------------------------------------------------------------------------
 
-def node_table(rows: dict[str, dict[str, Any]], sizes: bool = True) -> str:
-    """A fixed-width table: one row per node (``sizes``: with the measured item sizes)."""
-    head = ["node", "op", "runs", "items", "items/s", "busy", "wait", "queue", "item size"]
+NODE_COLUMNS = ["node", "op", "runs", "items", "items/s", "busy", "wait", "queue", "item size"]
+
+
+def node_cells(rows: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Per node, the cells of ``NODE_COLUMNS`` as text (the text table and the HTML report)."""
     lines = []
     for name, row in rows.items():
         p = row.get("perf") or {}
@@ -494,6 +496,12 @@ def node_table(rows: dict[str, dict[str, Any]], sizes: bool = True) -> str:
         lines.append([name, row["op"], p.get("runs") or "", "-" if row.get("items") is None else str(row["items"]),
                       f"{p['items_per_s']:,.1f}" if p else "-", pct(p.get("busy")), pct(p.get("wait")),
                       queue, fmt_bytes(row.get("item_bytes"))])
+    return lines
+
+
+def node_table(rows: dict[str, dict[str, Any]], sizes: bool = True) -> str:
+    """A fixed-width table: one row per node (``sizes``: with the measured item sizes)."""
+    head, lines = list(NODE_COLUMNS), node_cells(rows)
     if not sizes:
         head, lines = head[:-1], [r[:-1] for r in lines]
     widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h) for i, h in enumerate(head)]

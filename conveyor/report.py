@@ -26,7 +26,7 @@ import time
 from html import escape
 from typing import Any, Sequence
 
-from conveyor.bench import BenchResult, fmt_bytes, node_table, pct, status_bytes
+from conveyor.bench import NODE_COLUMNS, BenchResult, fmt_bytes, node_cells, node_table, pct, status_bytes
 from conveyor.plots import graph_svg, line_chart, tune_svg
 
 __all__ = ["Timeline", "render_report", "write_report"]
@@ -117,16 +117,9 @@ pre{background:#f6f8fa;padding:10px;font-size:12px;overflow-x:auto} .note{color:
 
 
 def _rows_html(result: BenchResult) -> str:
-    head = ["node", "op", "runs", "items", "items/s", "busy", "wait", "queue (mean/cap)", "item size"]
+    head = [c if c != "queue" else "queue (mean/cap)" for c in NODE_COLUMNS]
     out = ["<table id='nodes'><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
-    for name, row in result.nodes.items():
-        p = row.get("perf") or {}
-        q = p.get("queue")
-        queue = "" if not q else (f"{q['mean']:.1f}/{q['capacity']}" if q.get("mean") is not None
-                                  else f"-/{q['capacity']}")
-        cells = [name, row["op"], p.get("runs") or "", "-" if row.get("items") is None else str(row["items"]),
-                 f"{p['items_per_s']:,.1f}" if p else "-", pct(p.get("busy")), pct(p.get("wait")), queue,
-                 fmt_bytes(row.get("item_bytes"))]
+    for cells in node_cells(result.nodes):
         out.append("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
