@@ -105,6 +105,45 @@ def test_camera_sized_reduced_decode_matches_pillow_on_the_same_box(monkeypatch)
     assert min(scales[-2:]) >= 4
 
 
+def test_a_box_between_pixels_is_resized_by_torch_where_pillow_puts_it():
+    """A DCT-reduced decode leaves box edges between pixels; torch's kernel takes them through
+    extra leading outputs (px._interpolate_shifted) instead of Pillow's slower box resize."""
+    arr = np.asarray(Image.open(io.BytesIO(_photo(750, 500, seed=14))).convert("RGB"))
+    rng = random.Random(1)
+    scores, by_torch = [], 0
+    boxes = [(0.0, 37.25, 500.5, 400.0), (10.75, 0.5, 749.0, 499.75), (400.125, 250.5, 750, 500)]
+    for _ in range(27):
+        w, h = rng.uniform(224, 700), rng.uniform(224, 480)
+        x0, y0 = rng.uniform(0, 750 - w), rng.uniform(0, 500 - h)
+        boxes.append((x0, y0, x0 + w, y0 + h))
+    for box in boxes:
+        ours = ci.px.resize_box(arr, box, OUT, OUT)
+        ref = np.asarray(Image.fromarray(arr).resize((OUT, OUT), BILINEAR, box=box))
+        assert ours.shape == (3, OUT, OUT)
+        scores.append(_psnr(ours.transpose(1, 2, 0), ref))
+        by_torch += ci.px._interpolate_shifted(arr, box, OUT, OUT) is not None
+    # (edges rounded to whole pixels instead: 45.7 dB median, 39.7 minimum)
+    assert statistics.median(scores) >= 55 and min(scores) >= 50, sorted(scores)
+    assert by_torch >= 20
+
+
+def test_the_lead_puts_an_output_on_the_box_edge():
+    rng = random.Random(2)
+    found = 0
+    for _ in range(2000):
+        x0, scale = rng.uniform(0, 400) * rng.choice([0, 1]), rng.uniform(1, 3)
+        lead = ci.px._lead(x0, scale)
+        if lead is None:
+            continue
+        found += 1
+        m, a = lead
+        assert abs(x0 - m * scale - a) <= 1 / 64
+        assert a >= 0 or x0 - scale / 2 >= 0.5  # padding is read by dropped outputs only
+        assert m > 0 or a == 0
+    assert found >= 1500
+    assert ci.px._lead(0.25, 1.5) is None  # within a pixel of the edge: Pillow's turn
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 
