@@ -42,11 +42,13 @@ from __future__ import annotations
 import random
 import threading
 import time
+from functools import partial
 from typing import Any, Callable, Iterable, Mapping
 
 import torch.autograd.profiler as _profiler
 from torchdata.nodes import BaseNode
 
+from conveyor.nodes._chunks import pull
 from conveyor.nodes.copies import WorkerCopies
 from conveyor.nodes.map import Map
 from conveyor.nodes.prefetch import Prefetch
@@ -129,8 +131,7 @@ def _queue_probe(inner: BaseNode) -> tuple[Callable[[], int], int] | None:
     """
     try:
         if isinstance(inner, Prefetch):
-            q = inner._pf._it._q  # type: ignore[union-attr]
-            return q.qsize, int(inner.depth)
+            return inner.ready, int(inner.depth)
         if isinstance(inner, Map) and inner._pool is not None:
             return inner._pool.ready, int(inner._pool.window)
         if isinstance(inner, Map) and inner._pm is not None:
@@ -199,6 +200,8 @@ class Counted(BaseNode):
         # call the inner node's next() directly: its BaseNode.__next__ only checks that it was
         # reset, and this node's reset() resets it (a node with its own __next__ keeps it)
         self._direct = inner.next if type(inner).__next__ is BaseNode.__next__ else inner.__next__
+        many = getattr(inner, "next_many", None)  # items in lists (nodes/_chunks.py)
+        self._many: Callable[[int], list] = many if many is not None else partial(pull, self._direct)
         self._n = 0
         self.items_before = 0  # items of the epochs before this one (for a lifetime count)
         self.seconds = 0.0
@@ -314,6 +317,17 @@ class Counted(BaseNode):
 
     next = __next__
 
+    def next_many(self, n: int) -> list:
+        """Up to ``n`` items in one call (nodes/_chunks.py), counted as items and timed as one
+        call; item by item while a watcher or a profiler wants every item."""
+        if self._hook is not None or (_profiler._is_profiler_enabled and self.range_name is not None):
+            return pull(self.__next__, n)
+        if self._timed:
+            return self._measured(n)
+        items = self._many(n)
+        self._n += len(items)
+        return items
+
     def _profiled(self) -> Any:
         """A call inside a profiler range named after the node (while a profiler records)."""
         with _profiler.record_function(self.range_name):
@@ -335,7 +349,7 @@ class Counted(BaseNode):
         self._cell = cell
         return cell
 
-    def _measured(self) -> Any:
+    def _measured(self, many: int = 0) -> Any:
         if not self._BaseNode__initialized:  # type: ignore[attr-defined]
             self.reset(None)
         if self._probing:
@@ -344,7 +358,7 @@ class Counted(BaseNode):
         if cell is None:
             cell = self._place()
             if cell is None:
-                return self._time_call(1.0)
+                return self._time_call(1.0, many)
         root = cell.root
         if root is None:  # the outermost in its thread: decide for this call and its group
             self._outer_n += 1
@@ -360,18 +374,18 @@ class Counted(BaseNode):
             cell.root, cell.weight, cell.nested = self, weight, 0
             try:
                 if not weight:
-                    item = self._direct()
-                    self._n += 1
+                    item = self._many(many) if many else self._direct()
+                    self._n += len(item) if many else 1
                     return item
                 t0 = _clock()
                 try:
-                    item = self._direct()
+                    item = self._many(many) if many else self._direct()
                 except StopIteration:
                     self.seconds += (_clock() - t0) * weight
                     raise
                 t1 = _clock()
                 self.seconds += (t1 - t0) * weight
-                self._n += 1
+                self._n += len(item) if many else 1
                 self._adapt(t1 - t0, cell.nested)
                 if self._hook is not None:
                     self._hook(self, item, t0, t1)
@@ -383,19 +397,19 @@ class Counted(BaseNode):
         weight = cell.weight
         if not weight:
             self._timed = False  # its group is not timed now: follow it
-            item = self._direct()
-            self._n += 1
+            item = self._many(many) if many else self._direct()
+            self._n += len(item) if many else 1
             return item
         cell.nested += 1
         t0 = _clock()  # _time_call, inlined for the nested calls of a timed group
         try:
-            item = self._direct()
+            item = self._many(many) if many else self._direct()
         except StopIteration:
             self.seconds += (_clock() - t0) * weight
             raise
         t1 = _clock()
         self.seconds += (t1 - t0) * weight
-        self._n += 1
+        self._n += len(item) if many else 1
         if self._hook is not None:
             self._hook(self, item, t0, t1)
         return item
@@ -422,16 +436,16 @@ class Counted(BaseNode):
         self._root = root
         root._group.append(self)
 
-    def _time_call(self, weight: float) -> Any:
+    def _time_call(self, weight: float, many: int = 0) -> Any:
         t0 = _clock()
         try:
-            item = self._direct()
+            item = self._many(many) if many else self._direct()
         except StopIteration:
             self.seconds += (_clock() - t0) * weight
             raise
         t1 = _clock()
         self.seconds += (t1 - t0) * weight
-        self._n += 1
+        self._n += len(item) if many else 1
         if self._hook is not None:
             self._hook(self, item, t0, t1)
         return item

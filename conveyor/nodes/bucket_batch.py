@@ -64,6 +64,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError, StateError
+from conveyor.nodes._chunks import take
 from conveyor.nodes._rng import derive_seed
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ OVERFLOW = ("raise", "skip", "truncate", "own_bucket")
 DEFAULT_POOL = 8
 NONE, ALL = -1, -2  # state "emitting": no pool, or the end-of-epoch flush of every pool
 _INF = float("inf")
+_CHUNK = 256  # input items read at once (the input's state is kept at chunk starts)
 
 
 def _where(item: Any) -> str:
@@ -309,6 +311,9 @@ class BucketBatch(BaseNode[list]):
         self._pools_cut = 0
         self._exhausted = False
         self._replaying = False
+        self._pending: list = []  # a chunk read from the input, added from index _pi on
+        self._pi = 0
+        self._chunk_snap: _Snap | None = None  # the input's state where that chunk began
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -417,15 +422,33 @@ class BucketBatch(BaseNode[list]):
         return b
 
     def _snapshot(self) -> None:
-        self._snaps.append(_Snap(self._pos, self.source.state_dict(), list(self._read)))
+        """Keep the input's state here, or, while items of a chunk read from it wait to be
+        added (the input is past them), the state where that chunk began."""
+        if self._pi < len(self._pending):
+            snap = self._chunk_snap
+            if snap is None:
+                return
+            self._chunk_snap = None
+        else:
+            snap = _Snap(self._pos, self.source.state_dict(), list(self._read))
+        if snap.pos > self._snaps[-1].pos:
+            self._snaps.append(snap)
 
     def _fill(self) -> None:
         """Read until a pool is cut (StopIteration at the end of the input)."""
         source, add, weight, capacity = self.source, self._add, self._pool_tokens, self._capacity
         max_pending, snap_every = self.max_pending, self._snap_every
-        last_snap = self._snaps[-1].pos
         while True:
-            b = add(next(source))
+            pending, pi = self._pending, self._pi
+            if pi >= len(pending):  # read the next chunk (nodes/_chunks.py)
+                snap = self._chunk_snap = _Snap(self._pos, source.state_dict(), list(self._read))
+                if snap.pos - self._snaps[-1].pos >= snap_every:
+                    self._snaps.append(snap)
+                self._pending, self._pi = pending, pi = take(source, _CHUNK), 0
+            item = pending[pi]
+            pending[pi] = None
+            self._pi = pi + 1
+            b = add(item)
             if b >= 0 and weight[b] >= capacity[b]:
                 self._cut(b, self._pools_cut)
             elif self._pos - self._oldest > max_pending:
@@ -433,9 +456,6 @@ class BucketBatch(BaseNode[list]):
                 self._stats["forced"] += 1
                 self._cut(oldest, self._pools_cut)
             else:
-                if self._pos - last_snap >= snap_every:
-                    self._snapshot()
-                    last_snap = self._pos
                 continue
             self._snapshot()
             return

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
+from conveyor.nodes._chunks import take_exactly
 from conveyor.nodes._elastic import Cursor
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, sample_id
 from conveyor.nodes.map import Map, _Failed
@@ -56,14 +57,9 @@ class _Lists(BaseNode[list]):
         self.source.reset(initial_state)
 
     def next(self) -> list:
-        items: list = []
-        append, source = items.append, self.source
-        try:
-            for _ in range(self.size):
-                append(next(source))
-        except StopIteration:
-            if not items:
-                raise
+        items = take_exactly(self.source, self.size)
+        if not items:
+            raise StopIteration
         return items
 
     def get_state(self) -> dict:
@@ -203,6 +199,21 @@ class MapBatches(BaseNode):
             if type(item) is not _Failed:
                 return item
             self._fail(item)
+
+    def next_many(self, n: int) -> list:
+        """Up to ``n`` results, from one list at most (nodes/_chunks.py)."""
+        if self._pos >= len(self._out):
+            first = [self.next()]  # the next list (StopIteration ends the stream)
+            if n == 1:
+                return first
+            return first + self.next_many(n - 1) if self._pos < len(self._out) else first
+        out, pos = self._out, self._pos
+        chunk = out[pos:pos + n]
+        if _Failed in map(type, chunk):  # a skipped item among them: one at a time
+            return [self.next()]
+        out[pos:pos + len(chunk)] = [None] * len(chunk)  # let emitted results go
+        self._pos = pos + len(chunk)
+        return chunk
 
     _fail = Map._fail  # raise with a note naming the node, or count, log and record the skip
 

@@ -187,39 +187,54 @@ class ReadJsonl(BaseNode[dict]):
         return True
 
     def next(self) -> dict:
+        return self.next_many(1)[0]
+
+    def next_many(self, n: int) -> list[dict]:
+        """Up to ``n`` records, from one block of lines at most (nodes/_chunks.py)."""
         while True:
-            li = self._li
-            lines = self._lines
-            if li >= len(lines):
-                if self._fh is None:
-                    self._open(next(self.source), 0)  # StopIteration ends the stream
-                    self._line = 0
-                    continue
-                if self._block():
-                    continue
+            out = self._from_block(n)
+            if out:
+                return out  # else every line left in the block was skipped
+
+    def _from_block(self, n: int) -> list[dict]:
+        while self._li >= len(self._lines):
+            if self._fh is None:
+                self._open(next(self.source), 0)  # StopIteration ends the stream
+                self._line = 0
+            elif not self._block():
                 self.close()
                 self._file = None
                 self._file_state = self.source.state_dict()  # after this file's record
-                continue
-            raw = lines[li]
-            lines[li] = None  # type: ignore[call-overload]  # let it go
-            self._li = li + 1
-            self._offset += len(raw) + self._nl
-            line = self._line = self._line + 1
-            record = None
-            if self._fast and raw.count(b"[") + raw.count(b"{") < NESTED:  # (see _fast_record)
-                record = self._fast_record(raw)
-            if record is None:
-                record = self._parse(raw)
+        out: list[dict] = []
+        lines, li, nl = self._lines, self._li, self._nl
+        end = min(len(lines), li + n)
+        offset, line = self._offset, self._line
+        path, base, label = self._path, self._base - 1, self._label
+        fast, fast_record = self._fast, self._fast_record
+        try:
+            while li < end:
+                raw = lines[li]
+                lines[li] = None  # type: ignore[call-overload]  # let it go
+                li += 1
+                offset += len(raw) + nl
+                line += 1
+                record = None
+                if fast and raw.count(b"[") + raw.count(b"{") < NESTED:  # (see _fast_record)
+                    record = fast_record(raw)
                 if record is None:
-                    continue
-            record["file"] = self._path
-            record["line"] = line
-            record["index"] = self._base + line - 1
-            label = self._label
-            if label != -1 and "label" not in record:
-                record["label"] = label
-            return record
+                    self._li, self._offset, self._line = li, offset, line  # where _parse's error points
+                    record = self._parse(raw)
+                    if record is None:
+                        continue
+                record["file"] = path
+                record["line"] = line
+                record["index"] = base + line
+                if label != -1 and "label" not in record:
+                    record["label"] = label
+                out.append(record)
+        finally:
+            self._li, self._offset, self._line = li, offset, line
+        return out
 
     def _fast_record(self, raw: bytes) -> dict | None:
         """The record, parsed by orjson and checked; None: let ``_parse`` decide (and say why).

@@ -33,8 +33,12 @@ from typing import Callable
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import StateError
+from conveyor.nodes._chunks import take_exactly
 from conveyor.nodes._elastic import Cursor, compact
 from conveyor.nodes._rng import derive_seed
+
+
+_NONES = [None] * 1024
 
 
 class ShuffleBuffer(BaseNode):
@@ -77,16 +81,14 @@ class ShuffleBuffer(BaseNode):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def _read_one(self, into: list) -> bool:
-        """Read one upstream item into ``into``; False once the upstream is done."""
-        if self._exhausted:
-            return False
-        try:
-            into.append(next(self.source))
-        except StopIteration:
+    def _read(self, into: list, n: int) -> None:
+        """Read up to ``n`` upstream items into ``into`` (fewer once the upstream is done)."""
+        if n <= 0 or self._exhausted:
+            return
+        items = take_exactly(self.source, n)
+        if len(items) < n:
             self._exhausted = True
-            return False
-        return True
+        into += items
 
     def _permute(self, buf: list) -> list:
         random.Random(derive_seed(self.seed, self.epoch, self.rank, self._window)).shuffle(buf)
@@ -95,14 +97,11 @@ class ShuffleBuffer(BaseNode):
     def _load(self, ahead: int) -> None:
         """Read the current window (upstream at its start), then ``ahead`` items of the next."""
         buf: list = []
-        while len(buf) < self.size and self._read_one(buf):
-            pass
+        self._read(buf, self.size)
         self._buf = self._permute(buf)
         self._ahead = []
         self._ahead_state = self.source.state_dict() if not self._exhausted else None
-        for _ in range(ahead):
-            if not self._read_one(self._ahead):
-                break
+        self._read(self._ahead, ahead)
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -133,12 +132,15 @@ class ShuffleBuffer(BaseNode):
         self._pos = pos
 
     def next(self):
+        return self.next_many(1)[0]
+
+    def next_many(self, n: int) -> list:
+        """Up to ``n`` items, from one window at most (nodes/_chunks.py)."""
         if self._buf is None:  # the first window of the epoch: the one fill anyone waits for
             self._load(ahead=0)
         if self._pos >= len(self._buf):
-            while len(self._ahead) < self.size and self._read_one(self._ahead):
-                pass  # only when the window was short or restored mid-way
-            if not self._ahead:
+            self._read(self._ahead, self.size - len(self._ahead))  # only when the window was
+            if not self._ahead:                                     # short or restored mid-way
                 self._exhausted = True
                 raise StopIteration
             self._window += 1
@@ -147,12 +149,13 @@ class ShuffleBuffer(BaseNode):
             self._ahead = []
             self._ahead_state = self.source.state_dict() if not self._exhausted else None
             self._pos = 0
-        if len(self._ahead) < self.size:
-            self._read_one(self._ahead)  # the next window fills as this one drains
-        item = self._buf[self._pos]
-        self._buf[self._pos] = None  # let emitted items go
-        self._pos += 1
-        return item
+        buf, pos = self._buf, self._pos
+        k = min(n, len(buf) - pos)
+        self._read(self._ahead, min(k, self.size - len(self._ahead)))  # the next window fills
+        out = buf[pos:pos + k]                                          # as this one drains
+        buf[pos:pos + k] = _NONES[:k] if k <= len(_NONES) else [None] * k  # let emitted items go
+        self._pos = pos + k
+        return out
 
     def get_state(self) -> dict:
         return {self.SOURCE_KEY: self._start_state, self.WINDOW_KEY: self._window,
