@@ -1,11 +1,14 @@
 """prefetch: run the graph above in a background thread, ``depth`` items ahead.
 
-One thread pulls from the input and hands each item over with the input's state after it
-(every ``snapshot_every`` items) through two C-level queues: the items, and ``depth``
-credits that bound how far the thread runs ahead. That is the cheapest hand-over CPython
-offers (no Python-level locks or conditions): on the text graph, whose batches cost a few
-hundred microseconds, torchdata's ``Prefetcher`` (a semaphore, a snapshot store and a queue,
-each with Python-level locks) had cost ~2 us per record of CPU. ``close()`` stops the thread
+One thread pulls from the input and hands the items over with the input's state after each
+(every ``snapshot_every`` items) through two C-level queues: the items, in lists of up to
+``depth`` (the first item of an epoch alone, at once), and ``depth`` credits that bound how far
+the thread runs ahead. Every hand-over where the consumer waits costs two thread wake-ups
+and two passes of the GIL, tens of microseconds on a busy machine: on the text graph, whose
+batches cost a few hundred microseconds, torchdata's ``Prefetcher`` (a semaphore, a snapshot
+store and a queue with Python-level locks, one hand-over per item) had cost ~2 us per
+record. Lists change how often a waiting consumer is woken (once per list), not how fast
+items come: a consumer slower than the thread finds the next list made when it needs it. ``close()`` stops the thread
 now rather than when the garbage collector gets to it (a thread busy in its input's
 ``next()`` ends after that item: ``lingering()`` gives it to the loader to join). The state
 is the input's state at the last snapshot before the last emitted item plus how many items
@@ -36,21 +39,29 @@ class _Failed:
 
 
 def _run(source: BaseNode, items: queue.SimpleQueue, credits: queue.SimpleQueue, every: int,
-         state: dict | None) -> None:
-    """The thread: one item per credit, with the input's state every ``every`` items."""
+         group: int) -> None:
+    """The thread: one item per credit, with the input's state every ``every`` items, handed
+    over in lists of ``group`` (the first item of the epoch alone, the last with the end)."""
     n = 0
-    get, put = credits.get, items.put
+    out: list = []
+    get, put, append = credits.get, items.put, out.append
     try:
         while get() is not _STOP:
             try:
                 item = next(source)
             except StopIteration:
-                put((_END, None))
+                append((_END, None))
+                put(out)
                 return
             n += 1
-            put((item, source.state_dict() if n % every == 0 else None))
+            append((item, source.state_dict() if n % every == 0 else None))
+            if len(out) >= group or n == 1:
+                put(out)
+                out = []
+                append = out.append
     except BaseException as exc:  # noqa: BLE001 - carried to the consumer, raised there as itself
-        put((_Failed(exc), None))
+        append((_Failed(exc), None))
+        put(out)
 
 
 class Prefetch(BaseNode):
@@ -87,6 +98,8 @@ class Prefetch(BaseNode):
         self._snapshot: Any = None
         self._steps = 0
         self._done = False
+        self._got: list = []  # the list of (item, state) being handed out, from index _at
+        self._at = 0
 
     def close(self) -> None:
         thread = self._thread
@@ -105,8 +118,10 @@ class Prefetch(BaseNode):
         return list(self._lingering)
 
     def ready(self) -> int:
-        """Items waiting in the queue (for the stats' queue samples)."""
-        return self._items.qsize()
+        """Items ready: those of the lists waiting in the queue (counted as ``depth`` each but
+        the last: the stats' queue samples) and those left of the list being handed out."""
+        lists = self._items.qsize()
+        return min(self.depth, lists * self.depth) + len(self._got) - self._at
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -126,29 +141,22 @@ class Prefetch(BaseNode):
                                      f"snapshot, but the input ended after {i}: not the input the state "
                                      "was taken from") from None
         self._done = False
+        self._got, self._at = [], 0
         self._items, self._credits = queue.SimpleQueue(), queue.SimpleQueue()
         for _ in range(self.depth):
             self._credits.put(True)
         self._thread = threading.Thread(
-            target=_run, args=(self.source, self._items, self._credits, self.snapshot_every, None),
+            target=_run, args=(self.source, self._items, self._credits, self.snapshot_every, self.depth),
             name="conveyor-prefetch", daemon=True)
         self._thread.start()
 
     def next(self):
         if self._done:
             raise StopIteration
-        items = self._items
-        while True:
-            try:
-                item, state = items.get(timeout=_POLL)
-                break
-            except queue.Empty:
-                if self._thread is None:  # closed (by another thread) while waiting: done
-                    self._done = True
-                    raise StopIteration from None
-                if not self._thread.is_alive() and items.empty():
-                    self._done = True
-                    raise RuntimeError("prefetch: its thread ended without a word") from None
+        if self._at >= len(self._got):
+            self._got, self._at = self._wait(), 0
+        item, state = self._got[self._at]
+        self._at += 1
         if item is _END:
             self._done = True
             raise StopIteration
@@ -161,6 +169,20 @@ class Prefetch(BaseNode):
         else:
             self._snapshot, self._steps = state, 0
         return item
+
+    def _wait(self) -> list:
+        """The next list of items from the thread."""
+        items = self._items
+        while True:
+            try:
+                return items.get(timeout=_POLL)
+            except queue.Empty:
+                if self._thread is None:  # closed (by another thread) while waiting: done
+                    self._done = True
+                    raise StopIteration from None
+                if not self._thread.is_alive() and items.empty():
+                    self._done = True
+                    raise RuntimeError("prefetch: its thread ended without a word") from None
 
     def get_state(self) -> dict:
         return {self.IT_KEY: {"snapshot": self._snapshot, "steps_since_snapshot": self._steps}}
