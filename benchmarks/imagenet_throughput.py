@@ -546,8 +546,10 @@ class BatchedThreads(PlainThreads):
 
 class Run:
     """One fresh contender, ``epochs`` epochs back to back: samples/s counted from batch
-    ``skip`` on (start-up excluded, epoch restarts included), and the time from building the
-    loader to its first batch."""
+    ``skip`` on (start-up excluded, epoch restarts included), the time from building the
+    loader to its first batch, and the CPU time this process and its worker processes used
+    per sample over the same span (``cpu_ms``: what the machine's sharers cannot inflate much;
+    worker processes that run ahead into the next epoch add theirs)."""
 
     def __init__(self, c: Contender, epochs: int, skip: int):
         cpu0 = C.cpu_snapshot()
@@ -555,17 +557,22 @@ class Run:
         c.open()
         marks: list[tuple[float, int]] = []
         n = 0
+        cpu_a = cpu_b = cpu0
         try:
             for e in range(epochs):
                 for count in c.epoch(e):
                     n += count
                     marks.append((time.perf_counter(), n))
+                    if len(marks) == skip:
+                        cpu_a = C.cpu_snapshot()
+            cpu_b = C.cpu_snapshot()  # workers still alive: their CPU time is still readable
         finally:
             c.close()  # stops workers before anything else is timed
         if len(marks) <= skip:
             raise SystemExit(f"{c.name}: {len(marks)} batches; --targets needs more than {skip}")
         (ta, na), (tb, nb) = marks[skip - 1], marks[-1]
         self.rate = (nb - na) / (tb - ta)
+        self.cpu_ms = 1e3 * (cpu_b[1] - cpu_a[1]) / (nb - na)
         self.first_s = marks[0][0] - t0
         self.samples = n
         self.foreign = C.foreign_share(cpu0, C.cpu_snapshot(), tb - t0)
@@ -643,11 +650,13 @@ def rounds_table(contenders: list[Contender], res: list[dict[str, Run]], best_dl
         rows.append((c.name, f"{C.median([x.rate for x in runs]):.0f}",
                      " ".join(f"{x.rate:.0f}" for x in runs),
                      "—" if c.kind == "1 thread" else f"{1e3 * C.median([x.first_s for x in runs]):.0f}",
-                     f"{100 * C.median([x.foreign for x in runs]):.0f} %", f"{ratio:.2f}"))
+                     f"{100 * C.median([x.foreign for x in runs]):.0f} %",
+                     f"{C.median([x.cpu_ms for x in runs]):.2f}", f"{ratio:.2f}"))
     return C.md_table(["contender", "samples/s from batch 10 (median)", "per round",
                        "build → 1st batch, ms", "CPU used by other processes",
+                       "CPU ms per sample (process tree)",
                        f"÷ {best_dl} (median of per-round ratios)"], rows,
-                      [False, True, False, True, True, True])
+                      [False, True, False, True, True, True, True])
 
 
 def best_dataloader(res: list[dict[str, Run]], names: list[str]) -> str:
@@ -738,6 +747,9 @@ def targets_main(a: argparse.Namespace, argv: list[str] | None) -> int:
             r = per_round(res, conv, lambda x: cores * x[one].rate)
             rows.append((label, f"imagenet.yaml ÷ machine limit ({cores} × 1 thread of the kernel)",
                          f"{r:.2f}", "≥ 0.85" if not big else "—", verdict(r, 0.85) if not big else "(information)"))
+            r = C.median([x[best].cpu_ms / x[conv].cpu_ms for x in res])
+            rows.append((label, "best DataLoader's CPU ms per sample ÷ imagenet.yaml's (the per-core "
+                         "ratio: what a shared machine distorts least)", f"{r:.2f}", "—", "(information)"))
             r = per_round(res, cs[-2].name, lambda x: x[one].rate)
             rows.append((label, f"{a.workers} plain threads ÷ 1 thread (the kernel's thread scaling)",
                          f"{r:.2f}", f"≥ {0.85 * a.workers:.2f}", verdict(r, 0.85 * a.workers)))

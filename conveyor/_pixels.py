@@ -201,7 +201,7 @@ def _interpolate_shifted(hwc: np.ndarray, box: tuple[float, float, float, float]
     return y[0, :, my:, mx:].numpy()
 
 
-_LEAD_MAX = 128
+_LEAD_MAX = 256
 _LEAD_TOL = 1 / 64
 
 
