@@ -161,21 +161,29 @@ def byte_tokenize(item: Any, *, field: str = "text", max_length: int | None = No
     return _out(item, ids)
 
 
+def _item_bytes(item: Any, field: str) -> bytes:
+    """One record's text as UTF-8, or an error naming the record."""
+    text = item.get(field) if type(item) is dict else item
+    if type(text) is not str:
+        text = _text(item, field)  # raises, naming the record
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _utf8(item, text, field)  # raises, naming the record
+
+
 def _byte_batch(items: list, field: str, max_length: int | None, bos: int | None,
                 eos: int | None) -> list[dict[str, Any]]:
     """``byte_tokenize`` of a list: every text's bytes in one int64 buffer, a view each."""
     keep = None if max_length is None else max_length - (bos is not None) - (eos is not None)
-    datas = []
-    append = datas.append
-    for item in items:
-        text = item.get(field) if type(item) is dict else item
-        if type(text) is not str:
-            text = _text(item, field)  # raises, naming the record
-        try:
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:
-            data = _utf8(item, text, field)  # raises, naming the record
-        append(data if keep is None or len(data) <= keep else data[:keep])
+    try:  # the common case in one comprehension: dicts whose field is a str
+        datas = [item[field].encode("utf-8") for item in items if type(item) is dict]
+        if len(datas) != len(items) or not all(type(item[field]) is str for item in items):
+            raise TypeError
+    except (KeyError, TypeError, AttributeError, UnicodeEncodeError):
+        datas = [_item_bytes(item, field) for item in items]  # raises, naming the record
+    if keep is not None:
+        datas = [d[:keep] for d in datas]  # a bytes no longer than keep is itself
     body = np.frombuffer(b"".join(datas), np.uint8)
     if bos is None and eos is None:
         lengths = [len(d) for d in datas]

@@ -1,0 +1,178 @@
+"""Items in lists between nodes (conveyor/nodes/_chunks.py) and prefetch's lists.
+
+``next_many(n)`` must give exactly the items ``n`` calls of ``next()`` would, leave the same
+state behind, and never lose or repeat an item at a list's edge; the instrumentation counts
+the items of a list as items. Prefetch hands lists over, but its first item comes alone, and
+what it emits and its states are those of the item-by-item path.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from torchdata.nodes import BaseNode, IterableWrapper
+
+from conveyor.graphs.instrument import Counted
+from conveyor.nodes._chunks import take, take_exactly
+from conveyor.nodes.list_files import ListFiles
+from conveyor.nodes.map_batches import MapBatches
+from conveyor.nodes.prefetch import Prefetch
+from conveyor.nodes.read_jsonl import ReadJsonl
+from conveyor.nodes.shuffle_buffer import ShuffleBuffer
+from conveyor.text import byte_tokenize
+
+
+def _write(tmp: Path) -> str:
+    """3 JSONL files with short, long, bad and blank lines (read_jsonl's blocks are 1 MiB,
+    so one file holds a block edge too)."""
+    rng = random.Random(0)
+    for f in range(3):
+        lines = []
+        for i in range(400 if f < 2 else 3000):
+            r = rng.random()
+            if r < 0.03:
+                lines.append("not json")
+            elif r < 0.05:
+                lines.append("")
+            else:
+                lines.append(json.dumps({"text": "x" * rng.randint(1, 900 if f == 2 else 50), "n": i}))
+        (tmp / f"p{f}.jsonl").write_text("\n".join(lines) + "\n")
+    return str(tmp / "*.jsonl")
+
+
+def _reader(url: str) -> ReadJsonl:
+    return ReadJsonl(ListFiles(url=url, shuffle=True, seed=3), field="text", on_error="skip")
+
+
+MAKERS: dict[str, Callable[[str], BaseNode]] = {
+    "read_jsonl": _reader,
+    "shuffle_buffer": lambda url: ShuffleBuffer(_reader(url), size=37, seed=1),
+    "map batch": lambda url: MapBatches(ShuffleBuffer(_reader(url), size=37, seed=1),
+                                        fn=byte_tokenize, size=16),
+    "counted": lambda url: Counted(ShuffleBuffer(Counted(_reader(url)), size=37, seed=1)),
+}
+
+
+def _key(item: Any) -> tuple:
+    ids = item.get("input_ids")
+    return (item["file"], item["line"], None if ids is None else bytes(ids.astype("uint8")))
+
+
+def _by_one(node: BaseNode) -> list:
+    node.reset()
+    return [_key(x) for x in node]
+
+
+def _by_lists(node: BaseNode, rng: random.Random, state: dict | None = None) -> tuple[list, list]:
+    """All items pulled in lists of random sizes; the states taken after each list."""
+    node.reset(state)
+    out, states = [], []
+    while True:
+        try:
+            got = take(node, rng.choice([1, 2, 3, 7, 64, 500]))
+        except StopIteration:
+            return out, states
+        assert got, "take gave an empty list instead of StopIteration"
+        out += [_key(x) for x in got]
+        states.append((len(out), json.loads(json.dumps(node.state_dict()))))
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_lists_give_the_items_and_states_of_one_at_a_time(tmp_path: Path, name: str) -> None:
+    url = _write(tmp_path)
+    make = MAKERS[name]
+    whole = _by_one(make(url))
+    assert len(whole) > 3000
+    got, states = _by_lists(make(url), random.Random(5))
+    assert got == whole
+    for pos, state in states[:: max(len(states) // 6, 1)]:  # a state after a list resumes right after it
+        rest, _ = _by_lists(make(url), random.Random(pos), state)
+        assert got[:pos] + rest == whole, f"resume after {pos} items"
+
+
+def test_counted_counts_the_items_of_a_list() -> None:
+    node = Counted(IterableWrapper(range(10)))
+    node.reset()
+    assert take(node, 4) == [0, 1, 2, 3] and node.items == 4
+    assert take_exactly(node, 100) == [4, 5, 6, 7, 8, 9] and node.items == 10
+    with pytest.raises(StopIteration):
+        take(node, 3)
+    assert take_exactly(node, 3) == []
+
+
+class _Gate(BaseNode):
+    """0, 1, 2, ...; item ``i`` > 0 waits until ``open`` is set."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+        self.open = threading.Event()
+
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self.i = initial_state["i"] if initial_state else 0
+
+    def next(self) -> int:
+        if self.i >= self.n:
+            raise StopIteration
+        if self.i > 0:
+            assert self.open.wait(10), "the test did not open the gate"
+        self.i += 1
+        return self.i - 1
+
+    def get_state(self) -> dict:
+        return {"i": self.i}
+
+
+def test_prefetch_hands_over_its_first_item_alone() -> None:
+    # the thread hands items over in lists of up to depth; the first one of an epoch must not
+    # wait for the rest of its list (here they cannot come until it has been taken)
+    gate = _Gate(9)
+    node = Prefetch(gate, depth=4)
+    node.reset()
+    try:
+        assert next(node) == 0
+        gate.open.set()
+        assert list(node) == list(range(1, 9))
+    finally:
+        node.close()
+
+
+@pytest.mark.parametrize("depth,every", [(1, 1), (3, 1), (4, 3)])
+def test_prefetch_lists_resume_from_every_step(depth: int, every: int) -> None:
+    def make() -> Prefetch:
+        return Prefetch(IterableWrapper(range(23)), depth=depth, snapshot_every=every)
+
+    for k in range(24):
+        node = make()
+        node.reset()
+        head = [next(node) for _ in range(k)]
+        state = json.loads(json.dumps(node.state_dict()))
+        node.close()
+        again = make()
+        again.reset(state)
+        assert head + list(again) == list(range(23)), f"resume after {k}"
+        again.close()
+
+
+def test_prefetch_raises_the_inputs_error_after_the_items_before_it() -> None:
+    def boom(x: int) -> int:
+        if x == 6:
+            raise KeyError("item 6")
+        return x
+
+    from torchdata.nodes import Mapper
+
+    node = Prefetch(Mapper(IterableWrapper(range(10)), boom), depth=4)
+    node.reset()
+    got = []
+    with pytest.raises(KeyError, match="item 6"):
+        for x in node:
+            got.append(x)
+    assert got == list(range(6))
+    node.close()
