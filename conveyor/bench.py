@@ -406,7 +406,7 @@ def buffers_of(loader: Loader, sizes: SizeSampler) -> list[dict[str, Any]]:
         if isinstance(inner, Prefetch):
             held, what = inner.depth + 1, f"{inner.depth} ready + 1 being made"
         elif isinstance(inner, Map) and inner.workers:
-            held = inner.max_concurrent or 2 * inner.workers
+            held = inner.window
             what = f"{held} in flight ({inner.workers} workers)"
         elif isinstance(inner, ShuffleBuffer):
             now = len(getattr(inner, "_buf", None) or ()) + len(getattr(inner, "_ahead", None) or ())

@@ -114,7 +114,7 @@ def test_memory_estimate_uses_measured_sizes_and_capacities(write_spec):
     by = {b["node"]: b for b in result.buffers}
     sample = 3 * 64 * 64  # a uint8 image tensor, plus its small fields
     assert sample <= by["decode"]["item_bytes"] < sample + 2000
-    assert by["decode"]["items"] == 4  # 2 per worker in flight
+    assert by["decode"]["items"] == 16  # 8 per ordered thread in flight
     assert by["out"]["items"] == 3     # depth 2 + 1 being made
     assert by["batch"]["items"] == 8
     assert result.buffer_bytes == sum(b["items"] * b["item_bytes"] for b in result.buffers)

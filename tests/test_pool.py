@@ -48,3 +48,66 @@ def test_the_state_is_a_snapshot_and_a_count_whatever_the_window() -> None:
     finally:
         node.close()
     assert state[Map.SKIP_KEY] < 4  # re-read on restore: under one snapshot gap, whatever the window
+
+
+def test_uneven_items_come_out_in_order_with_at_most_the_window_in_flight() -> None:
+    lock = threading.Lock()
+    inside = [0, 0]  # now, most at once
+
+    def uneven(x: int) -> int:
+        with lock:
+            inside[0] += 1
+            inside[1] = max(inside[1], inside[0])
+        time.sleep(0.002 if x % 7 == 0 else 0.0001)  # later items often finish first
+        with lock:
+            inside[0] -= 1
+        return x * 3
+
+    read = []
+
+    def counted():
+        for x in range(200):
+            read.append(x)
+            yield x
+
+    node = Map(IterableWrapper(counted()), fn=uneven, workers=3, max_concurrent=5)
+    try:
+        node.reset()
+        got = []
+        for _ in range(200):
+            got.append(next(node))
+            assert len(read) - len(got) <= 5  # read ahead of what was emitted: the window at most
+    finally:
+        node.close()
+    assert got == [x * 3 for x in range(200)]
+    assert inside[1] <= 3
+
+
+def test_close_wakes_a_thread_waiting_for_an_item_with_an_error() -> None:
+    started = threading.Event()
+    release = threading.Event()
+
+    def slow(x: int) -> int:
+        started.set()
+        release.wait(10)
+        return x
+
+    node = Map(IterableWrapper(range(10)), fn=slow, workers=1)
+    node.reset()
+    caught: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            next(node)
+        except BaseException as exc:  # noqa: BLE001 - the test checks what it was
+            caught.append(exc)
+
+    waiter = threading.Thread(target=consume)
+    waiter.start()
+    assert started.wait(10)
+    time.sleep(0.05)  # the waiter is asleep on the item now
+    threading.Timer(0.1, release.set).start()  # fn ends after close() woke the waiter
+    node.close()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert len(caught) == 1 and isinstance(caught[0], RuntimeError) and "closed" in str(caught[0])

@@ -89,7 +89,7 @@ def test_stats_have_perf_for_every_node_as_plain_data():
         for k in ("busy", "wait"):
             assert p[k] is None or 0.0 <= p[k] <= 1.05, (name, k, p[k])
     assert nodes["parse"]["perf"]["runs"] == "2 thread workers" and nodes["parse"]["perf"]["threads"] == 2
-    assert nodes["parse"]["perf"]["queue"]["capacity"] == 4
+    assert nodes["parse"]["perf"]["queue"]["capacity"] == 16  # 8 in flight per ordered thread
     assert nodes["out"]["perf"]["busy"] is None  # a prefetch only moves items
     assert nodes["out"]["perf"]["queue"]["capacity"] == 2 and nodes["out"]["perf"]["queue"]["samples"] >= 1
     assert nodes["out"]["perf"]["wait"] > 0.5   # its thread mostly waits for collate

@@ -4,7 +4,18 @@ torchdata's ``ParallelMapper`` starts a reader thread, N workers and a sorting t
 every epoch and joins them at the next reset (~0.1 s: they poll a stop flag), and each item
 crosses three queues. ``OrderedThreads`` keeps one set of threads for the node's life: the
 caller's thread reads the input and submits up to ``window`` items ahead, then takes results
-in input order, so an item crosses one queue and one future.
+in input order, so an item crosses one queue.
+
+Hand-offs are what a thread pool costs when an item takes about a millisecond (an
+ImageNet-sized JPEG): each wake-up of a sleeping thread is a futex call and a scheduler
+switch, and the woken thread then waits for the GIL held by the thread that woke it. So an
+item is a bare slot, not a ``Future`` (no condition variable of its own), the workers share
+one condition with the caller, and a worker wakes the caller only for the slot it waits on.
+When the next result is not ready, the caller waits for the ``gather``-th pending one (results
+finish about in order), then emits that many without sleeping: one wake-up per ``gather``
+items instead of one per item. The window is wide enough that the workers never run dry
+while the caller sleeps or batches (imagenet.yaml with 4 items in flight: a worker found the
+queue empty on one item in five). benchmarks/RESULTS.md, "Issue 12.3", has the measurements.
 
 The threads are daemon threads of this module's own, not a ``ThreadPoolExecutor``'s: ``close()``
 waits a bounded time (``CLOSE_WAIT``) for them and abandons, with a warning naming the node,
@@ -26,7 +37,6 @@ import queue
 import threading
 import time
 import weakref
-from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
@@ -35,30 +45,62 @@ log = logging.getLogger(__name__)
 
 CLOSE_WAIT = 2.0  # seconds close() waits for threads still inside fn before abandoning them
 
+_QUEUED, _RUNNING, _DONE, _DROPPED = range(4)
 
-def _run(jobs: queue.SimpleQueue, call: Callable[[Any], Any]) -> None:
-    """A worker thread: run ``call`` on each queued ``(future, item)`` until a ``None``."""
+
+class _Slot:
+    """One item in flight: its input, then its output, and where it stands."""
+
+    __slots__ = ("item", "out", "state")
+
+    def __init__(self, item: Any):
+        self.item = item
+        self.out: Any = None
+        self.state = _QUEUED
+
+
+class _Crashed:
+    """``call`` raised (a bug there: sample errors come back as values): re-raised by the caller."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class _Shared:
+    """What the workers and the caller share: the condition and the slot the caller awaits."""
+
+    __slots__ = ("cond", "want")
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.want: _Slot | None = None
+
+
+def _run(jobs: queue.SimpleQueue, call: Callable[[Any], Any], shared: _Shared) -> None:
+    """A worker thread: run ``call`` on each queued slot until a ``None``."""
+    cond = shared.cond
     while True:
-        job = jobs.get()
-        if job is None:
+        slot = jobs.get()
+        if slot is None:
             return
-        fut, item = job
-        if not fut.set_running_or_notify_cancel():
-            continue
+        with cond:
+            if slot.state != _QUEUED:  # dropped by a reset or close before it started
+                continue
+            slot.state = _RUNNING
+        item, slot.item = slot.item, None
         try:
             out = call(item)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the item
-            out, failed = exc, True
-        else:
-            failed = False
-        try:
-            if failed:
-                fut.set_exception(out)
-            else:
-                fut.set_result(out)
-        except InvalidStateError:  # closed while fn ran: nobody waits for this item now
-            pass
-        del job, fut, item, out
+            out = _Crashed(exc)
+        with cond:
+            if slot.state == _RUNNING:
+                slot.out = out
+                slot.state = _DONE
+                if shared.want is slot:
+                    cond.notify()
+        del slot, item, out
 
 
 def _end(jobs: queue.SimpleQueue, n: int) -> None:
@@ -67,24 +109,24 @@ def _end(jobs: queue.SimpleQueue, n: int) -> None:
 
 
 class _Threads:
-    """``workers`` daemon threads running ``call(item)`` for each ``(future, item)`` queued.
+    """``workers`` daemon threads running ``call(slot.item)`` for each slot queued.
 
     The threads hold the queue, not this object: a pool nobody closed ends its threads when
     it is garbage-collected (a node dropped without ``close()``), as an executor's do.
     """
 
-    def __init__(self, call: Callable[[Any], Any], workers: int, name: str):
+    def __init__(self, call: Callable[[Any], Any], workers: int, name: str, shared: _Shared):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.threads = [threading.Thread(target=_run, args=(self._jobs, call), name=f"{name}_{i}", daemon=True)
-                        for i in range(workers)]
+        self.threads = [threading.Thread(target=_run, args=(self._jobs, call, shared), name=f"{name}_{i}",
+                                         daemon=True) for i in range(workers)]
         for t in self.threads:
             t.start()
         self._ender = weakref.finalize(self, _end, self._jobs, workers)
 
-    def submit(self, item: Any) -> Future:
-        fut: Future = Future()
-        self._jobs.put((fut, item))
-        return fut
+    def submit(self, item: Any) -> _Slot:
+        slot = _Slot(item)
+        self._jobs.put(slot)
+        return slot
 
     def stop(self, wait: float) -> list[threading.Thread]:
         """Ask every thread to end; returns those still alive after ``wait`` seconds."""
@@ -104,21 +146,26 @@ class OrderedThreads:
         workers: threads.
         window: items in flight at most (read ahead of the one being emitted).
         snapshot_every: take the input's state every N items read.
+        gather: when the next result is not ready, wait until this many pending results
+            are (default: half the window), so the caller wakes once per that many items.
         name: thread name prefix.
         where: the node, for the warning about threads abandoned at ``close()``.
     """
 
     def __init__(self, source: BaseNode, call: Callable[[Any], Any], *, workers: int, window: int,
-                 snapshot_every: int, name: str = "conveyor-map", where: str = "map"):
+                 snapshot_every: int, gather: int | None = None, name: str = "conveyor-map",
+                 where: str = "map"):
         self.source = source
         self.call = call
         self.workers = workers
         self.window = max(window, 1)
+        self.gather = max(1, min(gather or self.window // 2, self.window))
         self.snapshot_every = snapshot_every
         self.name = name
         self.where = where
+        self._shared = _Shared()
         self._pool: _Threads | None = None
-        self._pending: collections.deque[Future] = collections.deque()
+        self._pending: collections.deque[_Slot] = collections.deque()
         self._snaps: collections.deque[tuple[int, Any]] = collections.deque()
         self._read = 0
         self._emitted = 0
@@ -132,16 +179,26 @@ class OrderedThreads:
         self._ended = self._closed = False
         self._snaps = collections.deque([(0, self.source.state_dict())])
 
-    def _drop_pending(self, closing: bool = False) -> None:
-        for fut in list(self._pending):
-            # one already running finishes in the background, its result unread; at close, a
-            # thread waiting on it (a prefetch above) is woken with an error instead
-            if not fut.cancel() and closing:
-                try:
-                    fut.set_exception(RuntimeError(f"{self.where} was closed"))
-                except InvalidStateError:
-                    pass
+    def _drop_pending(self) -> None:
+        """Forget what is in flight: a queued item is not run, a running one finishes in the
+        background with its result unread."""
+        with self._shared.cond:
+            for slot in self._pending:
+                slot.state = _DROPPED
+                slot.item = slot.out = None
+            self._shared.want = None
         self._pending.clear()
+
+    def _wait(self, slot: _Slot) -> None:
+        """Sleep until ``slot`` is done (or the pool is closed)."""
+        shared = self._shared
+        with shared.cond:
+            while slot.state != _DONE:
+                if self._closed or slot.state == _DROPPED:
+                    raise RuntimeError(f"{self.where} was closed")
+                shared.want = slot
+                shared.cond.wait()
+            shared.want = None
 
     def __next__(self) -> Any:
         pending = self._pending
@@ -150,7 +207,7 @@ class OrderedThreads:
                 raise RuntimeError(f"{self.where} was closed")
             pool = self._pool
             if pool is None:
-                pool = self._pool = _Threads(self.call, self.workers, self.name)
+                pool = self._pool = _Threads(self.call, self.workers, self.name, self._shared)
             while len(pending) < self.window:
                 if self._read % self.snapshot_every == 0 and self._read:
                     self._snaps.append((self._read, self.source.state_dict()))
@@ -163,7 +220,17 @@ class OrderedThreads:
                 self._read += 1
         if not pending:
             raise StopIteration
-        out = pending.popleft().result()
+        head = pending[0]
+        if head.state != _DONE:
+            self._wait(pending[min(self.gather, len(pending)) - 1])
+            self._wait(head)
+        try:
+            pending.popleft()
+        except IndexError:  # close() in another thread emptied it
+            raise RuntimeError(f"{self.where} was closed") from None
+        out, head.out = head.out, None
+        if isinstance(out, _Crashed):
+            raise out.exc
         self._emitted += 1
         snaps = self._snaps
         while len(snaps) > 1 and snaps[1][0] <= self._emitted:
@@ -177,16 +244,19 @@ class OrderedThreads:
 
     def running(self) -> int:
         """Items inside ``call`` now."""
-        return sum(1 for fut in list(self._pending) if fut.running())
+        return sum(1 for slot in list(self._pending) if slot.state == _RUNNING)
 
     def ready(self) -> int:
         """Results finished and not yet taken."""
-        return sum(1 for fut in self._pending if fut.done())
+        return sum(1 for slot in list(self._pending) if slot.state == _DONE)
 
     def close(self) -> None:
-        """Stop the threads; those still inside ``fn`` after ``CLOSE_WAIT`` s are abandoned."""
+        """Stop the threads; those still inside ``fn`` after ``CLOSE_WAIT`` s are abandoned.
+        A thread waiting on an item (a prefetch above) is woken with a ``RuntimeError``."""
         self._closed = True
-        self._drop_pending(closing=True)
+        with self._shared.cond:
+            self._shared.cond.notify_all()
+        self._drop_pending()
         pool, self._pool = self._pool, None
         if pool is None:
             return

@@ -49,6 +49,7 @@ _SEED_MASK = (1 << 63) - 1  # torch.Generator seeds are signed 64-bit
 METHODS = ("thread", "process")
 CLOSE_WAIT = 10.0  # seconds close() gives worker processes to leave (a stopped one: none)
 ON_ERROR = ("raise", "skip")
+THREAD_WINDOW = 8  # items in flight per ordered thread worker by default (see _pool.py)
 
 
 class _Enumerate(BaseNode):
@@ -177,7 +178,8 @@ class Map(BaseNode):
         mp_context: multiprocessing start method for ``method="process"``.
         ordered: keep the input order (``False`` yields results as they finish: faster with
             uneven item costs, but neither deterministic nor exactly resumable).
-        max_concurrent: items in flight (default: 2 per worker).
+        max_concurrent: items in flight (default: 8 per ordered thread, so the threads never
+            run dry while the caller batches; 2 per worker otherwise).
         snapshot_every: with workers, take the input's state every N items; a restore then
             re-reads (without mapping) at most N input items. Every item cost 4 % on cheap
             items here; 16 costs 0.3 % (benchmarks/state_cost.py).
@@ -213,6 +215,7 @@ class Map(BaseNode):
         self.on_error = on_error
         self.mp_context = mp_context
         self.max_concurrent = max_concurrent
+        self.window = max_concurrent or (THREAD_WINDOW if method == "thread" and ordered else 2) * workers
         if not isinstance(snapshot_every, int) or snapshot_every < 1:
             raise ValueError(f"{snapshot_every=} must be an int >= 1")
         self.snapshot_every = snapshot_every
@@ -227,7 +230,7 @@ class Map(BaseNode):
             register_after_fork(self.call, _Call.watch_parent)  # under fork nothing is unpickled
         if workers and method == "thread" and ordered:
             self._pool = OrderedThreads(self.source, self.call, workers=workers,
-                                        window=max_concurrent or 2 * workers,
+                                        window=self.window,
                                         snapshot_every=snapshot_every, where=self.where)
 
     def set_epoch(self, epoch: int) -> None:
