@@ -197,9 +197,9 @@ def _interpolate_shifted(hwc: np.ndarray, box: tuple[float, float, float, float]
     else:
         region = np.zeros((by - ay, bx - ax, hwc.shape[2]), np.uint8)
         region[max(-ay, 0):, max(-ax, 0):] = hwc[max(ay, 0):by, max(ax, 0):bx]
-    x = torch.from_numpy(region).permute(2, 0, 1).unsqueeze(0)
-    y = torch.ops.aten._upsample_bilinear2d_aa(x, [my + out_h, mx + out_w], False, 1 / sy, 1 / sx)
-    return y[0, :, my:, mx:].numpy()
+    x = torch.from_numpy(region[None].transpose(0, 3, 1, 2))  # as in _interpolate
+    y = _resize_aa(x, (my + out_h, mx + out_w), False, 1 / sy, 1 / sx)  # scales: out per in
+    return y.numpy()[0, :, my:, mx:]
 
 
 _LEAD_MAX = 256
