@@ -388,7 +388,7 @@ class BucketBatch(BaseNode[list]):
         if field is not None:  # the fast path of _len
             try:
                 v = item[field]
-                n = v.shape[0] if isinstance(v, torch.Tensor) else len(v)
+                n = v.shape[0] if type(v) is torch.Tensor else len(v)  # (isinstance of Tensor is slow)
             except Exception:  # _len says what is wrong
                 n = self._len(item)
         else:
