@@ -432,6 +432,36 @@ def test_collate_stacks_like_torch_without_intra_op_threads():
     assert new_tasks == [set()]
 
 
+def test_collate_reuses_a_batch_only_once_nothing_refers_to_it():
+    def batch(i: int) -> list:
+        return [{"x": torch.full((3, 4, 4), i * 10 + j, dtype=torch.uint8)} for j in range(4)]
+
+    node = Collate(IterableWrapper([batch(i) for i in range(8)]))
+    node.reset()
+    b0 = next(node)
+    ptr0 = b0["x"].data_ptr()
+    view, b0 = b0["x"][1], None        # a view of batch 0 outlives its batch
+    b1 = next(node)
+    assert b1["x"].data_ptr() != ptr0 and int(view[0, 0, 0]) == 1
+    arr, ptr1, b1 = b1["x"].numpy(), b1["x"].data_ptr(), None  # so does a numpy array of batch 1
+    storage = next(node)["x"].untyped_storage()                # and batch 2's storage
+    ptr2 = storage.data_ptr()
+    b3 = next(node)
+    assert b3["x"].data_ptr() not in (ptr0, ptr1, ptr2)
+    assert int(view[0, 0, 0]) == 1 and int(arr[0, 0, 0, 0]) == 10 and storage.nbytes() == 4 * 48
+    assert torch.equal(b3["x"], torch.stack([torch.full((3, 4, 4), 30 + j, dtype=torch.uint8) for j in range(4)]))
+    view = arr = storage = None
+    kept, b3_ptr = [b3], b3["x"].data_ptr()
+    b3 = None
+    for i in range(4, 8):                # let go of everything: later batches reuse old memory
+        kept.append(next(node))
+        assert int(kept[-1]["x"][2, 0, 0, 0]) == i * 10 + 2
+        kept[-2] = None
+    assert kept[-1]["x"].data_ptr() in (ptr0, ptr1, ptr2, b3_ptr)
+    buffers = node._map[torch.Tensor].keywords["buffers"]
+    assert len(buffers.arrays) <= 4      # the one in use and a few free ones
+
+
 def test_collate_of_uneven_samples_explains():
     node = Collate(IterableWrapper([[torch.zeros(2), torch.zeros(3)]]), where="node 'c' (collate)")
     node.reset()
