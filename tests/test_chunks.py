@@ -176,3 +176,29 @@ def test_prefetch_raises_the_inputs_error_after_the_items_before_it() -> None:
             got.append(x)
     assert got == list(range(6))
     node.close()
+
+
+def test_shuffle_refuses_a_mid_window_state_of_the_earlier_order() -> None:
+    from conveyor.errors import StateError
+
+    def make() -> ShuffleBuffer:
+        return ShuffleBuffer(IterableWrapper(range(50)), size=20, seed=2)
+
+    node = make()
+    node.reset()
+    head = [next(node) for _ in range(7)]
+    state = node.state_dict()
+    old = {k: v for k, v in state.items() if k != ShuffleBuffer.ORDER_KEY}  # as earlier versions saved it
+    again = make()
+    with pytest.raises(StateError, match="earlier conveyor"):
+        again.reset(old)
+    again.reset(state)  # this version's state resumes exactly
+    assert head + list(again) == _whole(make())
+    at_start = make()
+    at_start.reset({**old, ShuffleBuffer.POS_KEY: 0})  # a window's start holds no order: fine
+    assert sorted(at_start) == list(range(50))
+
+
+def _whole(node: BaseNode) -> list:
+    node.reset()
+    return list(node)
