@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -106,11 +107,12 @@ def test_counted_counts_the_items_of_a_list() -> None:
 
 
 class _Gate(BaseNode):
-    """0, 1, 2, ...; item ``i`` > 0 waits until ``open`` is set."""
+    """0, 1, 2, ...; item ``i`` >= ``free`` waits until ``open`` is set."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, free: int = 1):
         super().__init__()
         self.n = n
+        self.free = free
         self.open = threading.Event()
 
     def reset(self, initial_state: dict | None = None) -> None:
@@ -120,7 +122,7 @@ class _Gate(BaseNode):
     def next(self) -> int:
         if self.i >= self.n:
             raise StopIteration
-        if self.i > 0:
+        if self.i >= self.free:
             assert self.open.wait(10), "the test did not open the gate"
         self.i += 1
         return self.i - 1
@@ -202,3 +204,36 @@ def test_shuffle_refuses_a_mid_window_state_of_the_earlier_order() -> None:
 def _whole(node: BaseNode) -> list:
     node.reset()
     return list(node)
+
+
+def test_prefetch_holds_back_no_item_while_it_waits_for_the_consumer() -> None:
+    # depth 4: the thread makes 4 items and then waits for a credit; all 4 must be in the
+    # queue by then (a list it kept back would wait on a consumer that waits on it)
+    node = Prefetch(IterableWrapper(range(10)), depth=4)
+    node.reset()
+    try:
+        deadline = time.monotonic() + 10
+        while node.ready() < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert node.ready() == 4
+        assert list(node) == list(range(10))
+    finally:
+        node.close()
+
+
+def test_prefetch_keeps_no_made_item_back_while_its_input_stalls() -> None:
+    # item 1 is made, then the input stalls on item 2: the list of 4 it would start is never
+    # full, and the consumer must still get item 1 (after a short look), not wait on the stall
+    gate = _Gate(6, free=2)
+    node = Prefetch(gate, depth=4)
+    node.reset()
+    try:
+        assert next(node) == 0
+        t0 = time.monotonic()
+        assert next(node) == 1
+        assert time.monotonic() - t0 < 5  # a look every 20 ms; the gate would wait 10 s
+        gate.open.set()
+        assert list(node) == [2, 3, 4, 5]
+    finally:
+        gate.open.set()
+        node.close()

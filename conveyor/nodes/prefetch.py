@@ -1,19 +1,22 @@
 """prefetch: run the graph above in a background thread, ``depth`` items ahead.
 
-One thread pulls from the input and hands the items over with the input's state after each
-(every ``snapshot_every`` items) through two C-level queues: the items, in lists of up to
-``depth`` (the first item of an epoch alone, at once), and ``depth`` credits that bound how far
-the thread runs ahead. Every hand-over where the consumer waits costs two thread wake-ups
-and two passes of the GIL, tens of microseconds on a busy machine: on the text graph, whose
-batches cost a few hundred microseconds, torchdata's ``Prefetcher`` (a semaphore, a snapshot
-store and a queue with Python-level locks, one hand-over per item) had cost ~2 us per
-record. Lists change how often a waiting consumer is woken (once per list), not how fast
-items come: a consumer slower than the thread finds the next list made when it needs it. ``close()`` stops the thread
-now rather than when the garbage collector gets to it (a thread busy in its input's
-``next()`` ends after that item: ``lingering()`` gives it to the loader to join). The state
-is the input's state at the last snapshot before the last emitted item plus how many items
-were emitted after it (torchdata's layout), so nothing queued is lost or repeated on resume.
-An exception in the input reaches the consumer as itself, after the items before it.
+One thread pulls from the input and hands the items over, each with the input's state after
+it (every ``snapshot_every`` items), through C-level queues: the items, in lists of up to
+``depth``, and ``depth`` credits that bound how far the thread runs ahead. Every wake-up of a
+waiting consumer costs two thread switches and two passes of the GIL, tens of microseconds
+on a busy machine: on the text graph, whose batches cost a few hundred microseconds,
+torchdata's ``Prefetcher`` (a semaphore, a snapshot store and a queue with Python-level
+locks, a wake-up per item) had cost ~2 us per record; lists of 8 wake it once per 8. No item
+waits on a list: the first item of an epoch goes alone, the thread hands over what it holds
+before it waits for a credit, and a consumer that has waited ``_LOOK`` seconds takes what the
+thread holds (an input that stalls mid-list does not keep a made item back for longer).
+
+``close()`` stops the thread now rather than when the garbage collector gets to it (a thread
+busy in its input's ``next()`` ends after that item: ``lingering()`` gives it to the loader to
+join). The state is the input's state at the last snapshot before the last emitted item plus
+how many items were emitted after it (torchdata's layout), so nothing made is lost or
+repeated on resume. An exception in the input reaches the consumer as itself, after the
+items before it.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from conveyor.nodes._elastic import Cursor
 
 _END = object()     # the input ended
 _STOP = object()    # a credit that tells the thread to stop
+_LOOK = 0.02        # seconds a waiting consumer sleeps before it takes what the thread holds
 _POLL = 0.5         # seconds between checks that the thread is still alive
 
 
@@ -38,30 +42,57 @@ class _Failed:
         self.exc = exc
 
 
-def _run(source: BaseNode, items: queue.SimpleQueue, credits: queue.SimpleQueue, every: int,
-         group: int) -> None:
+class _Held:
+    """Items the thread made and has not handed over yet, and the lock under which the thread
+    hands a list over and the consumer takes one (so lists keep their order)."""
+
+    __slots__ = ("items", "lock")
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self.lock = threading.Lock()
+
+    def hand_over(self, put: Any) -> None:
+        with self.lock:
+            if self.items:
+                put(self.items)
+                self.items = []
+
+
+def _run(source: BaseNode, lists: queue.SimpleQueue, credits: queue.SimpleQueue, held: _Held,
+         every: int, group: int) -> None:
     """The thread: one item per credit, with the input's state every ``every`` items, handed
-    over in lists of ``group`` (the first item of the epoch alone, the last with the end)."""
+    over in lists of ``group``; the first item of the epoch alone, the last with the end, and
+    what it holds before it waits for a credit."""
     n = 0
-    out: list = []
-    get, put, append = credits.get, items.put, out.append
+    get, get_now, put, lock = credits.get, credits.get_nowait, lists.put, held.lock
     try:
-        while get() is not _STOP:
+        while True:
+            try:
+                credit = get_now()
+            except queue.Empty:
+                held.hand_over(put)  # the consumer is behind: it may have all that is made
+                credit = get()
+            if credit is _STOP:
+                return
             try:
                 item = next(source)
             except StopIteration:
-                append((_END, None))
-                put(out)
+                with lock:
+                    held.items.append((_END, None))
+                held.hand_over(put)
                 return
             n += 1
-            append((item, source.state_dict() if n % every == 0 else None))
-            if len(out) >= group or n == 1:
-                put(out)
-                out = []
-                append = out.append
+            entry = (item, source.state_dict() if n % every == 0 else None)
+            with lock:
+                held.items.append(entry)
+                if n == 1 or len(held.items) >= group:
+                    put(held.items)
+                    held.items = []
     except BaseException as exc:  # noqa: BLE001 - carried to the consumer, raised there as itself
-        append((_Failed(exc), None))
-        put(out)
+        with lock:
+            held.items.append((_Failed(exc), None))
+        held.hand_over(put)
 
 
 class Prefetch(BaseNode):
@@ -100,6 +131,7 @@ class Prefetch(BaseNode):
         self._done = False
         self._got: list = []  # the list of (item, state) being handed out, from index _at
         self._at = 0
+        self._held = _Held()
 
     def close(self) -> None:
         thread = self._thread
@@ -118,10 +150,11 @@ class Prefetch(BaseNode):
         return list(self._lingering)
 
     def ready(self) -> int:
-        """Items ready: those of the lists waiting in the queue (counted as ``depth`` each but
-        the last: the stats' queue samples) and those left of the list being handed out."""
-        lists = self._items.qsize()
-        return min(self.depth, lists * self.depth) + len(self._got) - self._at
+        """Items made and not yet taken (the stats' queue samples): those of the lists in the
+        queue (counted as ``depth`` each), those the thread holds, and those left of the list
+        being handed out."""
+        return (min(self.depth, self._items.qsize() * self.depth) + len(self._held.items)
+                + len(self._got) - self._at)
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -142,16 +175,17 @@ class Prefetch(BaseNode):
                                      "was taken from") from None
         self._done = False
         self._got, self._at = [], 0
-        self._items, self._credits = queue.SimpleQueue(), queue.SimpleQueue()
+        self._items, self._credits, self._held = queue.SimpleQueue(), queue.SimpleQueue(), _Held()
         for _ in range(self.depth):
             self._credits.put(True)
         self._thread = threading.Thread(
-            target=_run, args=(self.source, self._items, self._credits, self.snapshot_every, self.depth),
+            target=_run, args=(self.source, self._items, self._credits, self._held, self.snapshot_every,
+                               self.depth),
             name="conveyor-prefetch", daemon=True)
         self._thread.start()
 
     def next(self):
-        if self._done:
+        if self._done or self._thread is None:  # ended, or closed (what the thread made is dropped)
             raise StopIteration
         if self._at >= len(self._got):
             self._got, self._at = self._wait(), 0
@@ -171,12 +205,22 @@ class Prefetch(BaseNode):
         return item
 
     def _wait(self) -> list:
-        """The next list of items from the thread."""
-        items = self._items
+        """The next list of items: the thread's next one, or, after ``_LOOK`` seconds of
+        waiting, what it holds (its input may be slow to give the rest of the list)."""
+        items, held = self._items, self._held
+        slept = 0.0
         while True:
             try:
-                return items.get(timeout=_POLL)
+                return items.get(timeout=_LOOK)
             except queue.Empty:
+                with held.lock:
+                    if held.items and items.empty():
+                        got, held.items = held.items, []
+                        return got
+                slept += _LOOK
+                if slept < _POLL:
+                    continue
+                slept = 0.0
                 if self._thread is None:  # closed (by another thread) while waiting: done
                     self._done = True
                     raise StopIteration from None
