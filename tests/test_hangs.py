@@ -45,6 +45,9 @@ def test_close_returns_while_thread_workers_are_blocked_in_fn(write_spec, caplog
     try:
         reader.start()
         assert _wait_until(lambda: helpers_fns.BLOCKED[0] == 2)  # both threads stuck inside fn
+        # what was made before the stall reaches the reader while the workers stay blocked
+        # (nothing made is kept back behind them); then close() must not wait on them either
+        assert _wait_until(lambda: sum(len(b) for b in list(got)) == 20), got
         with caplog.at_level(logging.WARNING):
             t0 = time.monotonic()
             loader.close()

@@ -196,6 +196,8 @@ class Prefetch(BaseNode):
             raise StopIteration
         if type(item) is _Failed:
             self._done = True
+            if self._thread is None:  # closed meanwhile: the error is the closing's (a map told
+                raise StopIteration   # its pool was closed), not the input's
             raise item.exc
         self._credits.put(True)
         if state is None:
