@@ -111,3 +111,28 @@ def test_close_wakes_a_thread_waiting_for_an_item_with_an_error() -> None:
     waiter.join(10)
     assert not waiter.is_alive()
     assert len(caught) == 1 and isinstance(caught[0], RuntimeError) and "closed" in str(caught[0])
+
+
+def test_a_stuck_later_item_keeps_no_finished_one_back() -> None:
+    # the caller gathers results (waits for the window's middle one), but items before a
+    # stuck one must still come out: here items 20 and on block until the test lets them go
+    gate = threading.Event()
+
+    def fn(x: int) -> int:
+        if x >= 20:
+            gate.wait(20)
+        return x
+
+    node = Map(IterableWrapper(range(24)), fn=fn, workers=2)
+    node.reset()
+    try:
+        got = []
+        t0 = time.monotonic()
+        for _ in range(20):
+            got.append(next(node))
+        assert got == list(range(20)) and time.monotonic() - t0 < 10  # not after the gate's 20 s
+        gate.set()
+        assert list(node) == [20, 21, 22, 23]
+    finally:
+        gate.set()
+        node.close()

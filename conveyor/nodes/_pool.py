@@ -13,7 +13,8 @@ item is a bare slot, not a ``Future`` (no condition variable of its own), the wo
 one condition with the caller, and a worker wakes the caller only for the slot it waits on.
 When the next result is not ready, the caller waits for the ``gather``-th pending one (results
 finish about in order), then emits that many without sleeping: one wake-up per ``gather``
-items instead of one per item. The window is wide enough that the workers never run dry
+items instead of one per item; it waits so at most ``_GATHER_WAIT`` (10 ms), then for the
+next result alone, so a slow or stuck later item never keeps a finished one back. The window is wide enough that the workers never run dry
 while the caller sleeps or batches (imagenet.yaml with 4 items in flight: a worker found the
 queue empty on one item in five). benchmarks/RESULTS.md, "Issue 12.3", has the measurements.
 
@@ -40,6 +41,8 @@ import weakref
 from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
+
+_GATHER_WAIT = 0.01  # seconds the caller waits for the gather-th result before the head's
 
 log = logging.getLogger(__name__)
 
@@ -189,15 +192,22 @@ class OrderedThreads:
             self._shared.want = None
         self._pending.clear()
 
-    def _wait(self, slot: _Slot) -> None:
-        """Sleep until ``slot`` is done (or the pool is closed)."""
+    def _wait(self, slot: _Slot, timeout: float | None = None) -> None:
+        """Sleep until ``slot`` is done (or the pool is closed), or at most ``timeout`` s."""
         shared = self._shared
+        deadline = None if timeout is None else time.monotonic() + timeout
         with shared.cond:
             while slot.state != _DONE:
                 if self._closed or slot.state == _DROPPED:
                     raise RuntimeError(f"{self.where} was closed")
                 shared.want = slot
-                shared.cond.wait()
+                if deadline is None:
+                    shared.cond.wait()
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    shared.cond.wait(left)
             shared.want = None
 
     def __next__(self) -> Any:
@@ -222,7 +232,9 @@ class OrderedThreads:
             raise StopIteration
         head = pending[0]
         if head.state != _DONE:
-            self._wait(pending[min(self.gather, len(pending)) - 1])
+            # one wake-up for `gather` results, but never waiting on a slow or stuck later item
+            # for longer than _GATHER_WAIT while the head may be done (nothing done is kept back)
+            self._wait(pending[min(self.gather, len(pending)) - 1], timeout=_GATHER_WAIT)
             self._wait(head)
         try:
             pending.popleft()
