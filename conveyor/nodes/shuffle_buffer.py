@@ -59,11 +59,11 @@ def window_order(n: int, seed: int, epoch: int, rank: int, window: int) -> list[
     return keys.argsort(kind="stable").tolist()
 
 
-def _check_order(state: dict) -> None:
-    """Refuse a mid-window state whose window was ordered another way (by ``random.shuffle``,
-    before ``window_order``): resuming it would repeat some of the window's items and lose
-    others. A state at a window's start holds no order yet and resumes anywhere."""
-    if state.get(ShuffleBuffer.POS_KEY) and state.get(ShuffleBuffer.ORDER_KEY) != ShuffleBuffer.ORDER:
+def _check_order(state: dict, emitted: int) -> None:
+    """Refuse a state with ``emitted`` items of its window out whose window was ordered another
+    way (by ``random.shuffle``, before ``window_order``): resuming it would repeat some of the
+    window's items and lose others. A state at a window's start resumes anywhere."""
+    if emitted and state.get(ShuffleBuffer.ORDER_KEY) != ShuffleBuffer.ORDER:
         raise StateError(
             "shuffle_buffer: the state was taken mid-window by an earlier conveyor, which ordered "
             "its windows another way; resuming it here would repeat some items of that window and "
@@ -156,7 +156,7 @@ class ShuffleBuffer(BaseNode):
         self._start_state = initial_state[self.SOURCE_KEY]
         self._window = initial_state[self.WINDOW_KEY]
         pos = initial_state[self.POS_KEY]
-        _check_order(initial_state)
+        _check_order(initial_state, pos)
         if pos:  # resume mid-window: as the uninterrupted run, with `pos` items read ahead
             self._load(ahead=pos)
             if pos > len(self._buf):
@@ -211,10 +211,8 @@ class ShuffleBuffer(BaseNode):
         start = None if state is None else state[ShuffleBuffer.SOURCE_KEY]
         window = 0 if state is None else state[ShuffleBuffer.WINDOW_KEY]
         pos = 0 if state is None else state[ShuffleBuffer.POS_KEY]
-        if state is not None and (cursor.more or cursor.extra):
-            _check_order({**state, ShuffleBuffer.POS_KEY: pos + cursor.more + len(cursor.extra)})
-        elif state is not None:
-            _check_order(state)
+        if state is not None:
+            _check_order(state, pos + cursor.more + len(cursor.extra))
         size = size if state is None else state.get(ShuffleBuffer.SIZE_KEY, size)
         head = pos + cursor.more
         outs = list(range(head)) + [head + e for e in cursor.extra]
