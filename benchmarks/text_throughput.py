@@ -133,7 +133,7 @@ def hf_spec(tokenizer: str, out: Path) -> Path:
     spec["params"]["max_length"] = MAX_LENGTH // 4
     spec["params"]["max_tokens"] = spec["params"]["max_tokens"] // 4
     spec["nodes"]["tokenize"] = {"op": "map", "fn": "conveyor.text:hf_tokenize", "batch": HF_BATCH,
-                                 "args": {"tokenizer": tokenizer, "max_length": "${max_length}"}}
+                                 "args": {"tokenizer": tokenizer, "max_length": "${max_length}", "dtype": "int32"}}
     batch = spec["nodes"]["batch"]
     batch["boundaries"] = [max(b // 4, 8) for b in batch["boundaries"]]
     out.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")

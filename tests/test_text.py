@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -254,6 +255,20 @@ def test_pad_field_pads_the_first_dim_of_any_shape_on_both_paths():
         pad_field([torch.zeros(2, 2), torch.zeros(2, 3)], name="feat")
 
 
+def test_pad_collate_dtype_casts_every_padded_field_on_both_paths():
+    samples = [{"a": [1, 2], "b": np.array([1.5], np.float64), "c": torch.tensor([3], dtype=torch.int16)},
+               {"a": [3], "b": np.array([2.5, 3.5], np.float64), "c": torch.tensor([4, 5], dtype=torch.int16)}]
+    batch, _, _ = pad_collate(samples, fields=["a", "b", "c"], pad_value={"a": -1}, dtype=torch.float32)
+    assert all(batch[k].dtype == torch.float32 for k in "abc")
+    assert batch["a"].tolist() == [[1, 2], [3, -1]] and batch["b"].tolist() == [[1.5, 0], [2.5, 3.5]]
+    assert batch["c"].tolist() == [[3, 0], [4, 5]] and batch["a_mask"].dtype == torch.int64
+    narrow = [{"ids": np.array([200, 7], np.uint8)}, {"ids": np.array([255], np.uint8)}]
+    node = PadCollate(IterableWrapper([narrow]), pad_value=0, dtype="int64")
+    assert next(node)["ids"].tolist() == [[200, 7], [255, 0]] and node.dtype == torch.int64
+    with pytest.raises(ValueError, match="pad value 256 does not fit dtype='uint8'"):
+        PadCollate(IterableWrapper([]), pad_value=256, dtype="uint8")
+
+
 def test_pad_collate_node_counts_tokens():
     node = PadCollate(IterableWrapper([[{"ids": [1, 2, 3]}, {"ids": [4]}], [{"ids": [5]}]]),
                       pad_to_multiple_of=4)
@@ -339,6 +354,9 @@ def test_text_spec_resumes_exactly_from_every_step_of_two_epochs(tmp_path):
     ("read: {op: read_jsonl, on_error: ignore}", "on_error", "one of raise|skip"),
     ("pad: {op: pad_collate, side: middle}", "side", "one of right|left"),
     ("pad: {op: pad_collate, fields: [a], pad_value: {b: 1}}", "pad_value", "not padded: ['b']"),
+    ("pad: {op: pad_collate, dtype: long}", "dtype", "must be one of int64, int32"),
+    ("pad: {op: pad_collate, dtype: uint8, pad_value: -1}", "dtype", "pad value -1 does not fit dtype='uint8'"),
+    ("pad: {op: pad_collate, dtype: int32, pad_value: 0.5}", "dtype", "pad value 0.5 does not fit"),
 ])
 def test_text_ops_spec_errors(write_spec, node, param, message):
     name = node.split(":")[0]

@@ -18,6 +18,7 @@ from conveyor import SampleError, SpecErrors, check_spec, load_graph
 from conveyor.nodes import read_jsonl as read_jsonl_mod
 from conveyor.nodes.list_files import ListFiles
 from conveyor.nodes.map_batches import MapBatches
+from conveyor.nodes.pad_collate import pad_collate
 from conveyor.nodes.read_jsonl import ReadJsonl
 from conveyor.text import byte_tokenize, hf_tokenize, train_tokenizer
 
@@ -123,6 +124,45 @@ def test_byte_tokenize_of_a_list_is_the_same_as_one_by_one(kw):
         assert {k: v for k, v in out.items() if k != "input_ids"} == {k: v for k, v in one.items() if k != "input_ids"}
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "int32"])
+@pytest.mark.parametrize("kw", [{}, {"max_length": 9, "add_bos": True, "add_eos": True, "bos_id": 1, "eos_id": 2}])
+def test_narrow_byte_ids_hold_the_same_values_and_pad_collate_widens_them(dtype, kw):
+    records = _records() + ["", "hé"]
+    wide = byte_tokenize(records, **kw)
+    narrow = byte_tokenize(records, dtype=dtype, **kw)
+    for w, n in zip(wide, narrow):
+        assert n["input_ids"].dtype == np.dtype(dtype) and n["input_ids"].tolist() == w["input_ids"].tolist()
+    n["input_ids"][:1] = 7  # writable, like the int64 ones (not a view of an immutable bytes)
+    one = byte_tokenize(records[0], dtype=dtype, **kw)["input_ids"]
+    assert one.dtype == getattr(torch, dtype) and one.tolist() == wide[0]["input_ids"].tolist()
+    dicts = records[:-2]  # pad_collate wants samples alike
+    expected, _, _ = pad_collate(wide[:-2], pad_to_multiple_of=8)
+    got, _, _ = pad_collate(byte_tokenize(dicts, dtype=dtype, **kw), pad_to_multiple_of=8, dtype=torch.int64)
+    assert got["input_ids"].dtype == torch.int64
+    for key in expected:
+        assert torch.equal(got[key], expected[key]) if isinstance(expected[key], torch.Tensor) \
+            else got[key] == expected[key]
+
+
+def test_ids_dtype_must_hold_every_id(tokenizer_json, write_spec):
+    with pytest.raises(ValueError, match="cannot hold id 257 .eos_id"):
+        byte_tokenize(["a"], dtype="uint8", add_eos=True)
+    with pytest.raises(ValueError, match="must be one of int64, int32, int16, uint8"):
+        byte_tokenize("a", dtype="float32")
+    with pytest.raises(ValueError, match=r"cannot hold id \d+ .the tokenizer's largest id"):
+        hf_tokenize(["a"], tokenizer=tokenizer_json, dtype="uint8")
+    head = 'nodes:\n  files: {op: list_files, url: "x/*.jsonl"}\n  read: {op: read_jsonl}\n'
+    spec = write_spec(head + '  tok: {op: map, fn: "conveyor.text:byte_tokenize", batch: 8, '
+                             'args: {add_bos: true, dtype: uint8}}\n'
+                             f'  hf: {{op: map, input: read, fn: "conveyor.text:hf_tokenize", batch: 8, '
+                             f'args: {{tokenizer: "{tokenizer_json}", dtype: uint8}}}}\n')
+    with pytest.raises(SpecErrors) as info:
+        check_spec(spec)
+    by_node = {e.node: e for e in info.value.errors}
+    assert "arg 'dtype'" in by_node["tok"].message and "256 (bos_id)" in by_node["tok"].message
+    assert "arg 'dtype'" in by_node["hf"].message and "largest id" in by_node["hf"].message
+
+
 def test_hf_tokenize_one_by_one_and_in_lists(tokenizer_json):
     records = _records()
     batch = hf_tokenize(records, tokenizer=tokenizer_json, max_length=32)
@@ -138,10 +178,11 @@ def test_hf_tokenize_one_by_one_and_in_lists(tokenizer_json):
 
 
 def test_text_spec_with_hf_tokenize_runs_and_resumes(tmp_path, tokenizer_json):
-    text = SPEC.read_text(encoding="utf-8").replace(
-        'fn: "conveyor.text:byte_tokenize"\n    args: {max_length: "${max_length}"}',
-        f'fn: "conveyor.text:hf_tokenize"\n    args: {{tokenizer: "{tokenizer_json}", max_length: "${{max_length}}"}}')
-    assert "hf_tokenize" in text
+    shipped = SPEC.read_text(encoding="utf-8")
+    byte_node = 'fn: "conveyor.text:byte_tokenize"\n    args: {max_length: "${max_length}", dtype: uint8}'
+    assert byte_node in shipped
+    text = shipped.replace(byte_node, f'fn: "conveyor.text:hf_tokenize"\n    args: {{tokenizer: "{tokenizer_json}", '
+                                      'max_length: "${max_length}", dtype: int32}')  # what the spec's comment says
     spec = tmp_path / "text-hf.yaml"
     spec.write_text(text, encoding="utf-8")
     root = tmp_path / "data"

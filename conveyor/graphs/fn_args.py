@@ -60,12 +60,23 @@ def _max_length_checks(args: Mapping[str, Any], specials: int) -> Problems:
     return [("max_length", message)] if message else []
 
 
+def _byte_dtype_checks(args: Mapping[str, Any]) -> Problems:
+    from conveyor import text
+
+    if "dtype" not in args:
+        return []
+    message = _first_error(lambda: text._byte_dtype(
+        args["dtype"], bool(args.get("add_bos")), bool(args.get("add_eos")),
+        args.get("bos_id", text.BOS_ID), args.get("eos_id", text.EOS_ID)))
+    return [("dtype", message)] if message else []
+
+
 _BUILTIN: dict[str, Callable[[Mapping[str, Any]], Problems]] = {
     "conveyor.image:train_transform": lambda a: _image_checks(a, resize=False),
     "conveyor.image:eval_transform": lambda a: _image_checks(a, resize=True),
     "conveyor.image:decode": _decode_checks,
     "conveyor.text:byte_tokenize": lambda a: _max_length_checks(
-        a, bool(a.get("add_bos")) + bool(a.get("add_eos"))),
+        a, bool(a.get("add_bos")) + bool(a.get("add_eos"))) + _byte_dtype_checks(a),
     "conveyor.text:vocab_tokenize": lambda a: _max_length_checks(
         a, (a.get("bos") is not None) + (a.get("eos") is not None)),
 }

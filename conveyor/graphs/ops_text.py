@@ -14,7 +14,7 @@ from torchdata.nodes import BaseNode
 from conveyor.graphs.ops import BuildContext, OnError, elastic_through
 from conveyor.graphs.registry import Fn, OpSpec, param, resolve_fn
 from conveyor.nodes.bucket_batch import DEFAULT_POOL, BucketBatch
-from conveyor.nodes.pad_collate import PadCollate
+from conveyor.nodes.pad_collate import PadCollate, check_dtype
 from conveyor.nodes.read_jsonl import ReadJsonl
 
 
@@ -134,11 +134,13 @@ class PadCollateParams:
     side: Side = param(Side.right, doc="right | left: where the padding goes")
     pad_to_multiple_of: int | None = param(None, min=1,
                                            doc="pad lengths up to a multiple of N (tensor cores like 8)")
+    dtype: str | None = param(None, doc="the padded fields' dtype (int64, int32, ..., float32); default: "
+                                        "the samples' (narrow token ids widen here, in the padding copy)")
 
 
 def _build_pad_collate(p: PadCollateParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
     return PadCollate(inputs[0], fields=p.fields, pad_value=p.pad_value, side=p.side.value,
-                      pad_to_multiple_of=p.pad_to_multiple_of, where=ctx.where)
+                      pad_to_multiple_of=p.pad_to_multiple_of, dtype=p.dtype, where=ctx.where)
 
 
 def _check_pad_collate(p: PadCollateParams, n_inputs: int) -> list[tuple[str, str]]:
@@ -154,6 +156,11 @@ def _check_pad_collate(p: PadCollateParams, n_inputs: int) -> list[tuple[str, st
             extra = [k for k in p.pad_value if k not in p.fields]
             if extra:
                 errors.append(("pad_value", f"pad values for fields that are not padded: {extra}"))
+    if not errors:
+        try:
+            check_dtype(p.dtype, p.pad_value)
+        except ValueError as exc:
+            errors.append(("dtype", str(exc)))
     return errors
 
 

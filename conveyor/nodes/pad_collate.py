@@ -5,7 +5,9 @@ Each input item is a list of samples (from ``batch`` or ``bucket_batch``). Seque
 named in ``fields``, padded along their first dim) are padded to the longest in the batch, rounded up to
 ``pad_to_multiple_of``, with ``pad_value`` on the ``right`` or ``left``; their dtype is kept
 (lists become ``torch.tensor`` of them: int64 or float32; numpy arrays become tensors of
-their dtype). A field of numpy arrays (what the batch tokenizers of ``conveyor.text`` give)
+their dtype) unless ``dtype`` names another: token ids may travel narrow (``uint8`` bytes,
+``int32`` ids of a vocabulary) through the shuffle and the length buckets, an eighth or half
+the memory, and be widened to the model's ``int64`` here, in the same copy that pads them. A field of numpy arrays (what the batch tokenizers of ``conveyor.text`` give)
 is copied into one preallocated buffer, row by row, with no tensor per sample: the cheap path
 for short texts. Every other field is collated
 with torch's ``default_collate``. For each padded field the batch gets its lengths (int64,
@@ -36,8 +38,25 @@ from torch.utils.data import default_collate
 from torchdata.nodes import BaseNode
 
 SIDES = ("right", "left")
+DTYPES = ("int64", "int32", "int16", "int8", "uint8", "float64", "float32", "float16", "bfloat16")
 _NUMPY = {dt: torch.empty(0, dtype=dt).numpy().dtype for dt in (
     torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool)}
+
+
+def check_dtype(dtype: str | None, pad_value: float | Mapping[Any, float]) -> torch.dtype | None:
+    """The torch dtype named ``dtype`` (``None`` for none), checked to hold the pad values."""
+    if dtype is None:
+        return None
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}")
+    dt = getattr(torch, dtype)
+    if not dt.is_floating_point:
+        info = torch.iinfo(dt)
+        values = pad_value.values() if isinstance(pad_value, Mapping) else [pad_value]
+        for v in values:
+            if isinstance(v, bool) or v != int(v) or not info.min <= v <= info.max:
+                raise ValueError(f"pad value {v!r} does not fit dtype={dtype!r}")
+    return dt
 
 
 def _is_seq(value: Any) -> bool:
@@ -90,8 +109,10 @@ def _rows(seqs: list[torch.Tensor], longest: int, pad_value: float, side: str) -
 
 
 def pad_field(values: Sequence[Any], *, name: Any = "?", pad_value: float = 0, side: str = "right",
-              multiple: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              multiple: int | None = None, dtype: torch.dtype | None = None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pad one field's values to ``[B, T, ...]``; also its lengths ``[B]`` and mask ``[B, T]``.
+    The padded tensor has ``dtype`` when given, else the values' (promoted) dtype.
 
     Example:
         >>> padded, lengths, mask = pad_field([[1, 2, 3], [4]], pad_value=0)
@@ -99,15 +120,13 @@ def pad_field(values: Sequence[Any], *, name: Any = "?", pad_value: float = 0, s
         ([[1, 2, 3], [4, 0, 0]], [3, 1], [[1, 1, 1], [1, 0, 0]])
     """
     if type(values[0]) is np.ndarray:
-        fast = _pad_arrays(values, name, pad_value, side, multiple)
+        fast = _pad_arrays(values, name, pad_value, side, multiple, dtype)
         if fast is not None:
             return fast
     seqs = [_as_tensor(v, name) for v in values]
-    dtype = reduce(torch.promote_types, (s.dtype for s in seqs if s.numel()), seqs[0].dtype)
-    if any(s.numel() == 0 for s in seqs):  # empty lists default to int64: follow the others
-        seqs = [s.to(dtype) if s.dtype != dtype else s for s in seqs]
-    elif any(s.dtype != dtype for s in seqs):
-        seqs = [s.to(dtype) for s in seqs]
+    common = dtype or reduce(torch.promote_types, (s.dtype for s in seqs if s.numel()), seqs[0].dtype)
+    if any(s.dtype != common for s in seqs):  # (empty lists default to int64: they follow the others)
+        seqs = [s.to(common) for s in seqs]
     trailing = seqs[0].shape[1:]
     for s in seqs:
         if s.shape[1:] != trailing:
@@ -132,21 +151,23 @@ def _lengths_mask(counts: list[int], longest: int, side: str) -> tuple[torch.Ten
 
 
 def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side: str,
-                multiple: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """``pad_field`` of numpy arrays: joined in one call, then copied into one buffer through
-    the mask in one more (the mask walks the real tokens in row order, the order of the
-    arrays joined); no Python per sample but its length. None for anything unusual (mixed
-    dtypes or dims, non-numeric arrays, other types among the arrays), which the tensor path
-    then handles or refuses."""
-    dtype = values[0].dtype
-    if dtype.kind not in "biuf":
+                multiple: int | None, dtype: torch.dtype | None,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``pad_field`` of numpy arrays: joined in one call, then copied into one buffer (of
+    ``dtype``, cast on the way) through the mask in one more (the mask walks the real tokens in
+    row order, the order of the arrays joined); no Python per sample but its length. None for
+    anything unusual (mixed dtypes or dims, non-numeric arrays, other types among the arrays,
+    a ``dtype`` numpy lacks), which the tensor path then handles or refuses."""
+    given = values[0].dtype
+    out_dtype = given if dtype is None else _NUMPY.get(dtype)
+    if given.kind not in "biuf" or out_dtype is None:
         return None
     try:
         counts = [v.shape[0] for v in values]
         flat = np.concatenate(values)  # refuses other dims; casts mixed dtypes (checked below)
     except (ValueError, TypeError, IndexError, AttributeError, RuntimeError):
         return None
-    if flat.dtype != dtype:  # mixed dtypes: torch's promotion rules (the tensor path) decide
+    if flat.dtype != given:  # mixed dtypes: torch's promotion rules (the tensor path) decide
         return None
     longest = max(counts)
     if multiple and longest % multiple:
@@ -158,7 +179,7 @@ def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side:
     else:
         mask = positions >= (longest - sizes)[:, None]
     shape = (len(counts), longest, *flat.shape[1:])
-    out = np.zeros(shape, dtype) if pad_value == 0 else np.full(shape, pad_value, dtype=dtype)
+    out = np.zeros(shape, out_dtype) if pad_value == 0 else np.full(shape, pad_value, dtype=out_dtype)
     out[mask] = flat
     return torch.from_numpy(out), torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64))
 
@@ -177,8 +198,10 @@ def _collate(values: list) -> Any:
 
 def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
                 pad_value: float | Mapping[Any, float] = 0, side: str = "right",
-                pad_to_multiple_of: int | None = None) -> tuple[Any, int, int]:
+                pad_to_multiple_of: int | None = None, dtype: torch.dtype | None = None,
+                ) -> tuple[Any, int, int]:
     """Collate ``samples`` with padding; returns ``(batch, real_tokens, padded_tokens)``.
+    The padded fields get ``dtype`` when it is given.
 
     Example:
         >>> batch, real, padded = pad_collate([{"ids": [1, 2], "y": 0}, {"ids": [3], "y": 1}])
@@ -195,7 +218,8 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
         return pad_value
 
     def pad(name: Any, values: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return pad_field(values, name=name, pad_value=value_for(name), side=side, multiple=pad_to_multiple_of)
+        return pad_field(values, name=name, pad_value=value_for(name), side=side, multiple=pad_to_multiple_of,
+                         dtype=dtype)
 
     real = padded_tokens = 0
     if _is_seq(first) or (isinstance(first, torch.Tensor) and fields is None and first.dim() >= 1):
@@ -256,6 +280,8 @@ class PadCollate(BaseNode):
         pad_value: one value, or a mapping field -> value (absent fields pad with 0).
         side: ``"right"`` or ``"left"``.
         pad_to_multiple_of: round the padded length up to a multiple of this.
+        dtype: the padded fields' dtype, one of ``DTYPES`` (``None``: the samples'); an
+            integer one needs integer ``pad_value``s it can hold.
         where: text for error notes (the node and spec line).
 
     Example:
@@ -272,7 +298,7 @@ class PadCollate(BaseNode):
 
     def __init__(self, source: BaseNode, *, fields: Sequence[Any] | None = None,
                  pad_value: float | Mapping[Any, float] = 0, side: str = "right",
-                 pad_to_multiple_of: int | None = None, where: str | None = None):
+                 pad_to_multiple_of: int | None = None, dtype: str | None = None, where: str | None = None):
         super().__init__()
         if side not in SIDES:
             raise ValueError(f"{side=} must be one of {SIDES}")
@@ -282,6 +308,7 @@ class PadCollate(BaseNode):
             raise ValueError(f"{fields=} must be a non-empty list of names or positions, or None")
         if not isinstance(pad_value, (numbers.Number, Mapping)):
             raise ValueError(f"{pad_value=} must be a number or a mapping field -> number")
+        self.dtype = check_dtype(dtype, pad_value)
         self.source = source
         self.fields = list(fields) if fields is not None else None
         self.pad_value = pad_value
@@ -311,7 +338,7 @@ class PadCollate(BaseNode):
         samples = next(self.source)
         try:
             batch, real, padded = pad_collate(samples, fields=self.fields, pad_value=self.pad_value,
-                                              side=self.side, pad_to_multiple_of=self.multiple)
+                                              side=self.side, pad_to_multiple_of=self.multiple, dtype=self.dtype)
         except Exception as exc:
             exc.add_note(f"in {self.where}")
             raise
