@@ -100,6 +100,15 @@ def _out(item: Any, ids: Any) -> dict[str, Any]:
 
 def _outs(items: list, ids: list) -> list[dict[str, Any]]:
     """``_out`` of each item and its ids, for a list (the carried keys looked up once per key)."""
+    if items and type(items[0]) is dict and "index" in items[0] and "file" in items[0] and "line" in items[0]:
+        try:  # what read_jsonl gives, in dict displays (half the time of filling dicts key by key)
+            if "label" in items[0]:
+                return [{"input_ids": x, "index": item["index"], "label": item["label"], "file": item["file"],
+                         "line": item["line"]} for item, x in zip(items, ids)]
+            return [{"input_ids": x, "index": item["index"], "file": item["file"], "line": item["line"]}
+                    if "label" not in item else _out(item, x) for item, x in zip(items, ids)]
+        except (KeyError, TypeError):  # an item without one of them, or not a dict
+            pass
     outs: list[dict[str, Any]] = [{"input_ids": x} for x in ids]
     if items and type(items[0]) is dict:
         for key in CARRIED:
