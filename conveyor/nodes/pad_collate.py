@@ -224,7 +224,7 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
     real = padded_tokens = 0
     if _is_seq(first) or (isinstance(first, torch.Tensor) and fields is None and first.dim() >= 1):
         p, lengths, mask = pad("sequence", list(samples))
-        return (p, lengths, mask), int(lengths.numpy().sum()), int(mask.numel())
+        return (p, lengths, mask), sum(lengths.tolist()), int(mask.numel())
     if isinstance(first, Mapping):
         names = list(fields) if fields is not None else [k for k, v in first.items() if _is_seq(v)]
         missing = [n for n in names if n not in first]
@@ -237,7 +237,7 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
             if key in names:
                 p, lengths, mask = pad(key, values)
                 out[key] = p
-                real += int(lengths.numpy().sum())
+                real += sum(lengths.tolist())
                 padded_tokens += mask.numel()
                 if len(names) == 1:
                     extra["lengths"], extra["attention_mask"] = lengths, mask
@@ -263,7 +263,7 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
                 p, lengths, mask = pad(i, values)
                 cols.append(p)
                 tail.extend((lengths, mask))
-                real += int(lengths.numpy().sum())
+                real += sum(lengths.tolist())
                 padded_tokens += mask.numel()
             else:
                 cols.append(default_collate(values))

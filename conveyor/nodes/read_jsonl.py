@@ -219,7 +219,7 @@ class ReadJsonl(BaseNode[dict]):
                 offset += len(raw) + nl
                 line += 1
                 record = None
-                if fast and raw.count(b"[") + raw.count(b"{") < NESTED:  # (see _fast_record)
+                if fast and (len(raw) < NESTED or raw.count(b"[") + raw.count(b"{") < NESTED):  # (_fast_record)
                     record = fast_record(raw)
                 if record is None:
                     self._li, self._offset, self._line = li, offset, line  # where _parse's error points
