@@ -57,7 +57,7 @@ import os
 import random
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -139,6 +139,7 @@ def train_transform(
     ratio: Sequence[float] = (3 / 4, 4 / 3),
     flip: bool = True,
     rng: random.Random,
+    into: Callable[..., torch.Tensor | None] | None = None,
 ) -> dict[str, Any]:
     """Decode, random-resized-crop and maybe flip an image, for training.
 
@@ -170,6 +171,10 @@ def train_transform(
         ratio: range of the crop's aspect ratio (width / height).
         flip: flip left-right with probability 0.5.
         rng: the per-sample random source; draws the crop, then the flip.
+        into: given by a map whose outputs go to ``batch`` then ``collate``
+            (``conveyor.nodes._slabs``): ``into("image", shape, dtype)`` is the image's row
+            of the batch, which the resize (or the flip's copy) writes into, so that collate
+            has nothing to copy; None: a new tensor.
 
     Returns:
         ``{"image": uint8 contiguous tensor (3, H, W), "label": ..., "index": ...}``.
@@ -193,11 +198,13 @@ def train_transform(
             top, left, h, w = random_resized_crop_box(
                 pic.width, pic.height, scale=scale, ratio=ratio, rng=rng
             )
-            out, _ = _crop_resize(pic, (left, top, left + w, top + h), out_w, out_h)
+            flipped = flip and rng.random() < 0.5
+            dst = _slot(into, out_h, out_w)
+            direct = None if flipped or dst is None else dst.numpy()  # the resize writes there
+            out, _ = _crop_resize(pic, (left, top, left + w, top + h), out_w, out_h, direct)
     except _DATA_ERRORS as e:
         raise _sample_error(where, e) from e
-    flipped = flip and rng.random() < 0.5
-    return _result(item, _to_tensor(out, flip=flipped))
+    return _result(item, _to_tensor(out, flip=flipped, into=dst))
 
 
 def eval_transform(
@@ -205,6 +212,7 @@ def eval_transform(
     *,
     size: int | Sequence[int] = 224,
     resize: int = 256,
+    into: Callable[..., torch.Tensor | None] | None = None,
 ) -> dict[str, Any]:
     """Decode, resize the shorter side to ``resize`` and centre-crop ``size``, for eval.
 
@@ -218,6 +226,7 @@ def eval_transform(
         item: a record with ``path`` and/or ``bytes``, ``label`` and ``index``.
         size: output size, an int for a square or ``[height, width]``.
         resize: the shorter side after resizing; at least the larger of ``size``.
+        into: as for :func:`train_transform`: the image's row of the batch, or None.
 
     Returns:
         ``{"image": uint8 contiguous tensor (3, H, W), "label": ..., "index": ...}``.
@@ -239,7 +248,7 @@ def eval_transform(
             out = _resize_center_crop(pic, resize, out_h, out_w)
     except _DATA_ERRORS as e:
         raise _sample_error(where, e) from e
-    return _result(item, _to_tensor(out, flip=False))
+    return _result(item, _to_tensor(out, flip=False, into=_slot(into, out_h, out_w)))
 
 
 def random_resized_crop_box(
@@ -353,16 +362,18 @@ def _draft_scale(crop_w: float, crop_h: float, out_w: int, out_h: int) -> int:
 
 
 def _crop_resize(
-    pic: px.Picture, box: tuple[int, int, int, int], out_w: int, out_h: int
+    pic: px.Picture, box: tuple[int, int, int, int], out_w: int, out_h: int,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
-    """``box`` (full-resolution pixels) of the image resized to the output, as CHW uint8.
+    """``box`` (full-resolution pixels) of the image resized to the output, as CHW uint8
+    (written into ``out`` when the resize can: see ``_pixels.resize_box``).
 
     Decodes at the largest DCT reduction at which the box stays at least the output size.
     Returns the pixels and the reduction the decode used (1 when none).
     """
     x0, y0, x1, y1 = box
     arr, s = pic.decode(_draft_scale(x1 - x0, y1 - y0, out_w, out_h))
-    return px.resize_box(arr, (x0 / s, y0 / s, x1 / s, y1 / s), out_w, out_h), s
+    return px.resize_box(arr, (x0 / s, y0 / s, x1 / s, y1 / s), out_w, out_h, out), s
 
 
 def _resize_center_crop(pic: px.Picture, resize: int, out_h: int, out_w: int) -> np.ndarray:
@@ -396,13 +407,24 @@ def _resize_geometry(
     return new_w, new_h, top, left
 
 
-def _to_tensor(chw: np.ndarray, *, flip: bool) -> torch.Tensor:
-    """A contiguous uint8 (C, H, W) tensor, mirrored left-right when ``flip``.
+def _slot(into: Callable[..., torch.Tensor | None] | None, out_h: int, out_w: int) -> torch.Tensor | None:
+    """The image's row of the batch from a map's ``into``, or None."""
+    return None if into is None else into("image", (3, out_h, out_w), torch.uint8)
+
+
+def _to_tensor(chw: np.ndarray, *, flip: bool, into: torch.Tensor | None = None) -> torch.Tensor:
+    """A contiguous uint8 (C, H, W) tensor, mirrored left-right when ``flip``: ``into`` when
+    given (``chw`` copied there unless the resize wrote it there), else a new one.
 
     The one copy (numpy's, single-threaded) does the flip and the layout at once.
     """
     if flip:
         chw = chw[:, :, ::-1]
+    if into is not None:
+        dst = into.numpy()
+        if chw.ctypes.data != dst.ctypes.data or chw.strides != dst.strides:
+            np.copyto(dst, chw)
+        return into
     out = np.ascontiguousarray(chw)
     if not out.flags.writeable:  # Pillow's arrays are read-only views of its buffer
         out = out.copy()

@@ -102,13 +102,37 @@ def topological(plan: Plan, output: str | None = None) -> list[str]:
     return order
 
 
+def slabbed_maps(plan: Plan, names: list[str]) -> dict[str, int]:
+    """Maps whose only reader is a ``batch`` whose only reader is a ``collate``, all three
+    built together (no process in between): map name → the batch size. Their thread
+    workers write outputs into batch-shaped slabs that collate hands out without a copy."""
+    readers: dict[str, list[str]] = {n: [] for n in plan.nodes}
+    for n, p in plan.nodes.items():
+        for i in p.inputs:
+            readers[i].append(n)
+    here = set(names)
+    out = {}
+    for n in names:
+        if plan.nodes[n].op.name != "map" or n == plan.output or len(readers[n]) != 1:
+            continue
+        b = readers[n][0]
+        if plan.nodes[b].op.name != "batch" or b == plan.output or len(readers[b]) != 1:
+            continue
+        c = readers[b][0]
+        if plan.nodes[c].op.name == "collate" and {b, c} <= here:
+            out[n] = plan.nodes[b].params.size
+    return out
+
+
 def _build(plan: Plan, names: list[str], rank: int, world: int, worker: int, workers: int,
            built: dict[str, BaseNode]) -> dict[str, Counted]:
+    slabs = slabbed_maps(plan, names)
     for name in names:
         p = plan.nodes[name]
         ctx = BuildContext(name=name, op=p.op.name,
                            where=f"node '{name}' ({p.op.name}) from {plan.path}:{p.line}",
-                           seed=plan.seed, rank=rank, world=world, worker=worker, workers=workers)
+                           seed=plan.seed, rank=rank, world=world, worker=worker, workers=workers,
+                           slab=slabs.get(name, 0))
         node = p.op.build(p.params, [built[i] for i in p.inputs], ctx)
         ledger = getattr(node, "ledger", None)
         if ledger is not None:  # skips are recorded under the node's name (Loader.skipped)

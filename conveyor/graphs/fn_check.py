@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from conveyor.graphs.params import did_you_mean
 
-PASSED_BY_MAP = ("rng", "generator")  # arguments the map gives fn itself, per sample
+PASSED_BY_MAP = ("rng", "generator", "into")  # arguments the map gives fn itself, per sample
 
 
 def _signature(fn: Callable) -> inspect.Signature | None:

@@ -43,6 +43,7 @@ class BuildContext:
     world: int
     worker: int = 0
     workers: int = 1
+    slab: int = 0  # a map feeding batch → collate: the batch size (compile.slabbed_maps)
 
     def seed_for(self, seed: int | None) -> int:
         return self.seed if seed is None else seed
@@ -178,7 +179,8 @@ def _build_map(p: MapParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseN
                           snapshot_every=p.snapshot_every, ordered=p.ordered)
     return Map(inputs[0], fn=_map_fn(p), args=p.args, workers=p.workers, method=p.method.value,
                on_error=p.on_error.value, seed=ctx.seed_for(p.seed), rank=ctx.rank, where=ctx.where,
-               mp_context=p.mp_context, snapshot_every=p.snapshot_every, ordered=p.ordered)
+               mp_context=p.mp_context, snapshot_every=p.snapshot_every, ordered=p.ordered,
+               slab=ctx.slab)
 
 
 @dataclass(frozen=True)

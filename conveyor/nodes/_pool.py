@@ -153,12 +153,15 @@ class OrderedThreads:
             are (default: half the window), so the caller wakes once per that many items.
         name: thread name prefix.
         where: the node, for the warning about threads abandoned at ``close()``.
+        prepare: applied to each input item in the caller's thread, in input order, before
+            it is queued (``call`` then receives what it returns).
     """
 
     def __init__(self, source: BaseNode, call: Callable[[Any], Any], *, workers: int, window: int,
                  snapshot_every: int, gather: int | None = None, name: str = "conveyor-map",
-                 where: str = "map"):
+                 where: str = "map", prepare: Callable[[Any], Any] | None = None):
         self.source = source
+        self.prepare = prepare
         self.call = call
         self.workers = workers
         self.window = max(window, 1)
@@ -226,7 +229,7 @@ class OrderedThreads:
                 except StopIteration:
                     self._ended = True
                     break
-                pending.append(pool.submit(item))
+                pending.append(pool.submit(item if self.prepare is None else self.prepare(item)))
                 self._read += 1
         if not pending:
             raise StopIteration

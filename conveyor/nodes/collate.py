@@ -9,19 +9,21 @@ to OpenMP threads there, a team per calling thread, whose spinning takes the cor
 threads need (imagenet.yaml on a busy 2-core machine: 33 against 160 images/s). The batch is
 the same tensor either way.
 
-A ``Collate`` node stacks into numpy arrays it keeps (``_Buffers``) and hands each batch out
+A ``Collate`` node stacks into numpy arrays it keeps (``_slabs.Buffers``) and hands each batch out
 as a tensor over one (``torch.from_numpy``). An array is written again only when nothing
 refers to it any more: every tensor, view or storage made from a batch holds a reference to
 its array, so the array's reference count says when the trainer has let the batch and all its
 views go. A new 4.8 MB batch of images (imagenet.yaml, batch 32) had cost ~1,200 page faults
 of fresh memory, ~45 us per image of the loader's own thread, as much as the copy itself.
 ``default_collate`` (the function) keeps nothing.
+
+A batch whose samples a threaded map wrote into consecutive rows of one slab (``_slabs``:
+``map → batch → collate`` in a spec) is those rows, handed out without a copy.
 """
 
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 import numpy as np
@@ -29,50 +31,22 @@ import torch
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 from torchdata.nodes import BaseNode
 
-
-class _Buffers:
-    """Arrays to stack batches into, each written again once nothing refers to it.
-
-    A batch handed out is ``torch.from_numpy(array)``: its storage (shared by every view and
-    every tensor made from it) holds a reference to the array, as does any numpy array made by
-    ``.numpy()``; an array referred to only by this list is no batch's any more. At most
-    ``keep_free`` unused arrays are kept; the list holds at most ``most`` arrays.
-    """
-
-    def __init__(self, keep_free: int = 2, most: int = 32):
-        self.keep_free = keep_free
-        self.most = most
-        self.arrays: list[np.ndarray] = []
-
-    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        arrays = self.arrays
-        free = [i for i in range(len(arrays)) if sys.getrefcount(arrays[i]) == 2]  # the list, the call
-        for i in free:
-            a = arrays[i]
-            if a.shape == shape and a.dtype == dtype:
-                del arrays[i]
-                arrays.append(a)
-                return a
-        for i in reversed(free[: max(0, len(free) - self.keep_free + 1)]):
-            del arrays[i]  # unused, of another shape: keep_free - 1 of them stay
-        a = np.empty(shape, dtype)
-        arrays.append(a)
-        if len(arrays) > self.most:  # batches held by the trainer: no longer tracked
-            del arrays[0]
-        return a
+from conveyor.nodes._slabs import Buffers, plain_tensor, slab_batch
 
 
 def _stack_tensors(batch: list[torch.Tensor], *, collate_fn_map: Any = None,
-                   buffers: _Buffers | None = None) -> torch.Tensor:
+                   buffers: Buffers | None = None) -> torch.Tensor:
     """``torch.stack(batch)`` for plain CPU tensors of one shape and dtype, done by numpy (one
-    thread, GIL released while copying), into an array of ``buffers`` when given; anything
-    else goes to torch's own rule."""
+    thread, GIL released while copying), into an array of ``buffers`` when given, or no copy
+    at all when the samples are consecutive rows of a map's slab; anything else goes to
+    torch's own rule."""
     elem = batch[0]
+    if plain_tensor(elem) and torch.utils.data.get_worker_info() is None:  # (workers: shared memory)
+        rows = slab_batch(batch)  # checks every sample
+        if rows is not None:
+            return rows
     plain = (
-        type(elem) is torch.Tensor
-        and elem.device.type == "cpu"
-        and elem.layout == torch.strided
-        and not elem.requires_grad
+        plain_tensor(elem)
         and torch.utils.data.get_worker_info() is None  # DataLoader workers: shared memory
         and all(type(t) is torch.Tensor and t.shape == elem.shape and t.dtype == elem.dtype
                 and t.device == elem.device and not t.requires_grad for t in batch)
@@ -118,7 +92,7 @@ class Collate(BaseNode):
         super().__init__()
         self.source = source
         self.where = where or "collate"
-        self._map = {**_COLLATE_MAP, torch.Tensor: functools.partial(_stack_tensors, buffers=_Buffers())}
+        self._map = {**_COLLATE_MAP, torch.Tensor: functools.partial(_stack_tensors, buffers=Buffers())}
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)

@@ -18,6 +18,11 @@ Errors in ``fn`` are raised in the caller's thread as the original exception wit
 naming the node (``on_error="raise"``), or counted and skipped (``on_error="skip"``); the
 count is in ``stats()["skipped"]`` and the first few are logged with their messages.
 
+With ``slab=N`` (the compiler sets it to the batch size when the map's thread workers feed
+``batch`` then ``collate``) and an ``fn`` that takes an ``into`` argument (``conveyor.image``'s
+transforms do), each item is given a row of an array of N consecutive outputs to write its
+image into (``_slabs.py``), and collate hands such rows out as the batch without a copy.
+
 The state is the same whatever the workers: the input's state plus how many items after it
 were already emitted. A restore re-reads those few input records but does not map them.
 """
@@ -40,6 +45,7 @@ from conveyor.nodes._parent import watch_parent
 from conveyor.nodes._elastic import Cursor
 from conveyor.nodes._pool import OrderedThreads
 from conveyor.nodes._rng import derive_seed
+from conveyor.nodes._slabs import Slabs
 from conveyor.nodes._threads import CarryErrors, Raised, portable, shutdown_torchdata
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 
@@ -123,6 +129,7 @@ class _Call:
             params = {}
         self.wants_rng = "rng" in params
         self.wants_generator = "generator" in params
+        self.wants_into = "into" in params  # given only with slabs (_Slotted), else left out
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -150,16 +157,39 @@ class _Call:
             out["generator"] = torch.Generator().manual_seed(derive_seed(seed, 2) & _SEED_MASK)
         return out
 
-    def __call__(self, pair: tuple[int, Any]) -> Any:
+    def __call__(self, pair: tuple[int, Any], into: Any = None) -> Any:
         pos, item = pair
         if isinstance(item, Raised):
             return item  # an error upstream, not in fn: re-raised by Map.next as it is
         try:
+            if into is not None:
+                return self.fn(item, **self._randomness(pos, item), into=into, **self.args)
             if self.wants_rng or self.wants_generator:
                 return self.fn(item, **self._randomness(pos, item), **self.args)
             return self.fn(item, **self.args)
         except Exception as exc:  # carried to the caller, re-raised or counted there
             return _Failed(exc, sample=sample_id(item))
+
+
+class _Slotted:
+    """With slabs: gives each (position, item) its slot in the caller's thread (``prepare``);
+    in a worker thread, runs ``call`` with an ``into`` for that slot."""
+
+    __slots__ = ("call", "slabs", "skipped")
+
+    def __init__(self, call: _Call, slabs: Slabs):
+        self.call = call
+        self.slabs = slabs
+        self.skipped = 0  # the map's count of items skipped this epoch, kept up to date by it
+
+    def prepare(self, pair: tuple[int, Any]) -> tuple[tuple[int, Any], Any, int]:
+        # where the item lands in the output if none of the items in flight before it is skipped
+        slab, row = self.slabs.assign(pair[0] - self.skipped)
+        return pair, slab, row
+
+    def __call__(self, job: tuple[tuple[int, Any], Any, int]) -> Any:
+        pair, slab, row = job
+        return self.call(pair, self.slabs.into(slab, row))
 
 
 class Map(BaseNode):
@@ -183,6 +213,9 @@ class Map(BaseNode):
         snapshot_every: with workers, take the input's state every N items; a restore then
             re-reads (without mapping) at most N input items. Every item cost 4 % on cheap
             items here; 16 costs 0.3 % (benchmarks/state_cost.py).
+        slab: with ordered thread workers and an ``fn`` taking ``into``: give each item a row
+            of an array of this many consecutive outputs to write into (the batch size of a
+            ``batch`` + ``collate`` after this node: collate then copies nothing); 0: off.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -197,7 +230,8 @@ class Map(BaseNode):
     def __init__(self, source: BaseNode, *, fn: Callable, args: dict[str, Any] | None = None,
                  workers: int = 0, method: str = "thread", on_error: str = "raise", seed: int = 0,
                  rank: int = 0, where: str | None = None, mp_context: str | None = None,
-                 max_concurrent: int | None = None, snapshot_every: int = 16, ordered: bool = True):
+                 max_concurrent: int | None = None, snapshot_every: int = 16, ordered: bool = True,
+                 slab: int = 0):
         super().__init__()
         if not isinstance(workers, int) or workers < 0:
             raise ValueError(f"{workers=} must be an int >= 0")
@@ -219,6 +253,8 @@ class Map(BaseNode):
         if not isinstance(snapshot_every, int) or snapshot_every < 1:
             raise ValueError(f"{snapshot_every=} must be an int >= 1")
         self.snapshot_every = snapshot_every
+        if not isinstance(slab, int) or slab < 0:
+            raise ValueError(f"{slab=} must be an int >= 0")
         self.ordered = ordered
         self.skipped = 0
         self.ledger = SkipLedger()
@@ -228,10 +264,14 @@ class Map(BaseNode):
         self._pool: OrderedThreads | None = None  # threads, in order: persists across epochs
         if workers and method == "process":
             register_after_fork(self.call, _Call.watch_parent)  # under fork nothing is unpickled
+        self._slotted: _Slotted | None = None
         if workers and method == "thread" and ordered:
-            self._pool = OrderedThreads(self.source, self.call, workers=workers,
-                                        window=self.window,
-                                        snapshot_every=snapshot_every, where=self.where)
+            run: Callable[[Any], Any] = self.call
+            if slab and self.call.wants_into:
+                run = self._slotted = _Slotted(self.call, Slabs(slab))
+            self._pool = OrderedThreads(self.source, run, workers=workers, window=self.window,
+                                        snapshot_every=snapshot_every, where=self.where,
+                                        prepare=None if self._slotted is None else self._slotted.prepare)
 
     def set_epoch(self, epoch: int) -> None:
         self.call.epoch = epoch
@@ -296,6 +336,9 @@ class Map(BaseNode):
                 src = self.source.state_dict()
             pm_state = {ParallelMapper.IT_STATE_KEY: {"snapshot": src, "steps_since_snapshot": 0}}
         if self._pool is not None:
+            if self._slotted is not None:
+                self._slotted.slabs.restart()
+                self._slotted.skipped = self.skipped
             self._pool.start()
             return
         if self.workers == 0:
@@ -328,6 +371,8 @@ class Map(BaseNode):
             exc.add_note(f"in {self.where}")
             raise exc
         self.skipped += 1
+        if self._slotted is not None:
+            self._slotted.skipped = self.skipped
         self.ledger.add(failed.sample, failed.kind, failed.text)
         log_skip(log, self.skipped, f"{self.where}: skipped an item ({failed.text})")
 
