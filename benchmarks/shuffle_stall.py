@@ -58,7 +58,7 @@ def decode_cost(item: dict) -> dict:
 class FillThenEmit(ShuffleBuffer):
     """The window shuffle before issue 12.7: each window is read whole, then emitted."""
 
-    def next(self):
+    def next_many(self, n: int) -> list:
         if self._buf is None or self._pos >= len(self._buf):
             if self._buf is not None:
                 if self._exhausted:
@@ -66,14 +66,14 @@ class FillThenEmit(ShuffleBuffer):
                 self._window += 1
             self._start_state = self.source.state_dict()
             buf: list = []
-            while len(buf) < self.size and self._read_one(buf):
-                pass
+            self._read(buf, self.size)
             if not buf:
                 raise StopIteration
             self._buf, self._pos = self._permute(buf), 0
-        item = self._buf[self._pos]
-        self._pos += 1
-        return item
+        k = min(n, len(self._buf) - self._pos)
+        out = self._buf[self._pos:self._pos + k]
+        self._pos += k
+        return out
 
 
 SPEC = """params: {{root: "", window: 2000}}
