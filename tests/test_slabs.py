@@ -156,3 +156,12 @@ def test_transforms_write_into_the_row_the_same_pixels(seed):
     assert out["image"] is row and torch.equal(row, eval_transform(item)["image"])
     refused = train_transform(item, rng=random.Random(seed), into=lambda *a: None)
     assert torch.equal(refused["image"], train_transform(item, rng=random.Random(seed))["image"])
+
+
+def test_into_is_the_maps_to_give_not_an_arg(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("nodes:\n  files: {op: list_files, url: 'x/*/*.JPEG', label: parent_dir}\n"
+                    "  decode: {op: map, fn: conveyor.image:train_transform, args: {into: 3}, workers: 2}\n"
+                    "output: decode\n")
+    with pytest.raises(Exception, match="'into' is given by the map itself"):
+        check_spec(str(spec), {})
