@@ -216,6 +216,7 @@ class MapBatches(BaseNode):
         return chunk
 
     _fail = Map._fail  # raise with a note naming the node, or count, log and record the skip
+    _slotted = None    # (what Map._fail reads: a batch map writes into no batch rows)
 
     def get_state(self) -> dict:
         # always the state before the current list (all of whose results may be out: then a
