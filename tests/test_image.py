@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import math
+import os
 import random
 from pathlib import Path
 
@@ -359,6 +360,19 @@ def test_broken_bytes_without_path_name_the_index(tmp_path):
 
 
 # --- sources --------------------------------------------------------------------------
+
+
+def test_local_reads_return_whole_files_of_any_size(tmp_path, monkeypatch):
+    from conveyor import image
+
+    monkeypatch.setattr(image, "_CHUNK", 1000)  # files of 0, 1, 2 and 3+ reads
+    for n in (0, 1, 999, 1000, 1001, 2000, 3500):
+        path = tmp_path / f"f{n}"
+        path.write_bytes(os.urandom(n))
+        assert image._read_path(str(path), "x") == path.read_bytes(), n
+        assert image._read_path(path.as_uri(), "x") == path.read_bytes(), n
+    with pytest.raises(SampleError, match="IsADirectoryError"):
+        image._read_path(str(tmp_path), f"image {str(tmp_path)!r}")
 
 
 def test_bytes_in_item_equals_path_read(jpeg_file):
