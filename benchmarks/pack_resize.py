@@ -84,9 +84,12 @@ def kernel_ms(root: Path) -> float:
     return 1000 * C.median(times)
 
 
+BATCH = 8  # the shards spec's batch size here
+
+
 def epochs_rate(root: Path, epochs: int = 3) -> tuple[float, float]:
     """(images/s over epochs 2.., first-batch seconds) of the shards spec on ``root``."""
-    with load_graph(ROOT / "specs/imagenet-shards.yaml", root=str(root), batch_size=8,
+    with load_graph(ROOT / "specs/imagenet-shards.yaml", root=str(root), batch_size=BATCH,
                     shuffle_window=64) as loader:
         t0 = time.perf_counter()
         first = None
@@ -108,6 +111,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--resize", type=int, default=320)
     args = ap.parse_args()
+    if args.count < BATCH:
+        ap.error(f"--count {args.count}: at least one batch of {BATCH} images is needed for a rate")
     with tempfile.TemporaryDirectory(prefix="pack-resize-") as tmp:
         src = Path(tmp) / "src"
         t = time.perf_counter()
