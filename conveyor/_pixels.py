@@ -37,7 +37,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-__all__ = ["JpegError", "Picture", "resize_box", "resize_whole", "scale_for"]
+__all__ = ["JpegError", "Picture", "mirror_into", "resize_box", "resize_whole", "scale_for"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _SCALES = (8, 4, 2, 1)
@@ -148,6 +148,25 @@ def resize_box(arr: np.ndarray, box: tuple[float, float, float, float], out_w: i
 def resize_whole(arr: np.ndarray, new_w: int, new_h: int) -> np.ndarray:
     """All of an HWC uint8 array resized to ``new_w`` x ``new_h``, as a CHW view."""
     return _interpolate(arr, new_w, new_h)
+
+
+# a row of W uint8 values read backwards is the row read as W/k k-byte words backwards, each
+# word's bytes swapped: numpy copies k-byte words, and does the swap as a cast from little- to
+# big-endian, in one pass without the GIL (~10 us for 3x224x224, where a reversed uint8 copy
+# takes ~42 us: numpy has no fast loop for a stride of -1 byte).
+_WORDS = ((8, "<u8", ">u8"), (4, "<u4", ">u4"), (2, "<u2", ">u2"))
+
+
+def mirror_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """Write ``src`` mirrored left-right (its last axis reversed) into ``dst``, both uint8 of the
+    same shape, ``dst`` C-contiguous."""
+    width = src.shape[-1]
+    if src.strides[-1] == 1:
+        for k, little, big in _WORDS:
+            if width % k == 0:
+                np.copyto(dst.view(big), src.view(little)[..., ::-1])
+                return
+    np.copyto(dst, src[..., ::-1])
 
 
 def to_rgb(img: Image.Image) -> Image.Image:

@@ -416,15 +416,19 @@ def _to_tensor(chw: np.ndarray, *, flip: bool, into: torch.Tensor | None = None)
     """A contiguous uint8 (C, H, W) tensor, mirrored left-right when ``flip``: ``into`` when
     given (``chw`` copied there unless the resize wrote it there), else a new one.
 
-    The one copy (numpy's, single-threaded) does the flip and the layout at once.
+    One copy (numpy's, single-threaded) does the flip and the layout at once.
     """
-    if flip:
-        chw = chw[:, :, ::-1]
     if into is not None:
         dst = into.numpy()
-        if chw.ctypes.data != dst.ctypes.data or chw.strides != dst.strides:
+        if flip:
+            px.mirror_into(dst, chw)
+        elif chw.ctypes.data != dst.ctypes.data or chw.strides != dst.strides:
             np.copyto(dst, chw)
         return into
+    if flip:
+        out = np.empty(chw.shape, np.uint8)
+        px.mirror_into(out, chw)
+        return torch.from_numpy(out)
     out = np.ascontiguousarray(chw)
     if not out.flags.writeable:  # Pillow's arrays are read-only views of its buffer
         out = out.copy()

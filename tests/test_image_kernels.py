@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from conveyor import image as ci
+from conveyor._pixels import mirror_into
 from conveyor.errors import SampleError
 from conveyor.nodes.list_files import ListFiles
 from conveyor.nodes.read_tar import ReadTar
@@ -168,6 +169,33 @@ def _bad_files(tmp_path: Path) -> dict[str, Path]:
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
     return {name: tmp_path / name for name in files}
+
+
+@pytest.mark.parametrize("width", [224, 60, 58, 61, 1])  # 8-, 4-, 2-byte words, bytes, one column
+def test_mirror_into_reverses_each_row(width):
+    rng = np.random.default_rng(width)
+    src = rng.integers(0, 256, (3, 9, width + 3), dtype=np.uint8)
+    for view in (src[:, :, :width], src[:, 1:, 3:], src[:, ::-1, :width], np.asfortranarray(src[:, :, :width])):
+        dst = np.empty(view.shape, np.uint8)
+        mirror_into(dst, view)
+        assert np.array_equal(dst, view[..., ::-1])
+
+
+@pytest.mark.parametrize("size", [[40, 56], [40, 52], [40, 50], [40, 45]])
+def test_flipped_outputs_mirror_the_unflipped_ones_at_every_width(size):
+    data = _photo(320, 240, 3)
+    seen = set()
+    for seed in range(10):
+        item = {"bytes": data, "index": 0}
+        flipped = ci.train_transform(item, size=size, rng=random.Random(seed))["image"]
+        plain = ci.train_transform(item, size=size, flip=False, rng=random.Random(seed))["image"]
+        assert flipped.is_contiguous() and tuple(flipped.shape) == (3, *size)
+        if np.array_equal(flipped.numpy(), plain.numpy()):
+            seen.add("kept")
+        else:
+            assert np.array_equal(flipped.numpy(), plain.numpy()[..., ::-1])
+            seen.add("flipped")
+    assert seen == {"kept", "flipped"}
 
 
 @pytest.mark.parametrize("fn", ["train_transform", "eval_transform", "decode"])
