@@ -121,13 +121,12 @@ def decode(item: Mapping[str, Any], *, mode: str = "RGB") -> dict[str, Any]:
     """
     if mode not in ("RGB", "L", "RGBA"):
         raise ValueError(f"{mode=} must be one of 'RGB', 'L', 'RGBA'")
-    where = _where(item)
-    data = _read_bytes(item, where)
+    data = _read_bytes(item)
     try:
         with px.Picture(data) as pic:
             arr, _ = pic.decode(1, mode)
     except _DATA_ERRORS as e:
-        raise _sample_error(where, e) from e
+        raise _sample_error(_where(item), e) from e
     return _result(item, _to_tensor(arr.transpose(2, 0, 1), flip=False))
 
 
@@ -191,8 +190,7 @@ def train_transform(
     out_h, out_w = _size_hw(size, "size")
     scale = _range(scale, "scale")
     ratio = _range(ratio, "ratio")
-    where = _where(item)
-    data = _read_bytes(item, where)
+    data = _read_bytes(item)
     try:
         with px.Picture(data) as pic:
             top, left, h, w = random_resized_crop_box(
@@ -203,7 +201,9 @@ def train_transform(
             direct = None if flipped or dst is None else dst.numpy()  # the resize writes there
             out, _ = _crop_resize(pic, (left, top, left + w, top + h), out_w, out_h, direct)
     except _DATA_ERRORS as e:
-        raise _sample_error(where, e) from e
+        raise _sample_error(_where(item), e) from e
+    if direct is not None and out is direct:  # written in place: nothing to copy
+        return _result(item, dst)
     return _result(item, _to_tensor(out, flip=flipped, into=dst))
 
 
@@ -241,13 +241,12 @@ def eval_transform(
     out_h, out_w = _size_hw(size, "size")
     if isinstance(resize, bool) or not isinstance(resize, int) or resize < max(out_h, out_w):
         raise ValueError(f"{resize=} must be an int >= the larger side of {size=}")
-    where = _where(item)
-    data = _read_bytes(item, where)
+    data = _read_bytes(item)
     try:
         with px.Picture(data) as pic:
             out = _resize_center_crop(pic, resize, out_h, out_w)
     except _DATA_ERRORS as e:
-        raise _sample_error(where, e) from e
+        raise _sample_error(_where(item), e) from e
     return _result(item, _to_tensor(out, flip=False, into=_slot(into, out_h, out_w)))
 
 
@@ -457,7 +456,7 @@ def _where(item: Mapping[str, Any]) -> str:
     return f"image at index {item.get('index')!r}"
 
 
-def _read_bytes(item: Mapping[str, Any], where: str) -> bytes:
+def _read_bytes(item: Mapping[str, Any]) -> bytes:
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         _warn_truncated_once()
     for key in _BYTES_KEYS:
@@ -467,12 +466,12 @@ def _read_bytes(item: Mapping[str, Any], where: str) -> bytes:
     else:
         path = item.get("path")
         if path is None:
-            raise SampleError(f"{where}: item has neither 'path' nor any of {_BYTES_KEYS}")
-        data = _read_path(os.fspath(path), where)
+            raise SampleError(f"{_where(item)}: item has neither 'path' nor any of {_BYTES_KEYS}")
+        data = _read_path(os.fspath(path), item)
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise SampleError(f"{where}: expected bytes, got {type(data).__name__}")
+        raise SampleError(f"{_where(item)}: expected bytes, got {type(data).__name__}")
     if len(data) == 0:
-        raise SampleError(f"{where}: empty file (0 bytes)")
+        raise SampleError(f"{_where(item)}: empty file (0 bytes)")
     return data
 
 
@@ -502,7 +501,7 @@ def _read_local(path: str) -> bytes:
         os.close(fd)
 
 
-def _read_path(path: str, where: str) -> bytes:
+def _read_path(path: str, item: Mapping[str, Any]) -> bytes:
     protocol, sep, rest = path.partition("://")
     try:
         if not sep or protocol == "file":
@@ -512,7 +511,7 @@ def _read_path(path: str, where: str) -> bytes:
         with fsspec.open(path, "rb") as f:
             return f.read()
     except OSError as e:
-        raise _sample_error(where, e) from e
+        raise _sample_error(_where(item), e) from e
 
 
 def _sample_error(where: str, e: BaseException) -> SampleError:

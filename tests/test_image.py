@@ -369,10 +369,10 @@ def test_local_reads_return_whole_files_of_any_size(tmp_path, monkeypatch):
     for n in (0, 1, 999, 1000, 1001, 2000, 3500):
         path = tmp_path / f"f{n}"
         path.write_bytes(os.urandom(n))
-        assert image._read_path(str(path), "x") == path.read_bytes(), n
-        assert image._read_path(path.as_uri(), "x") == path.read_bytes(), n
-    with pytest.raises(SampleError, match="IsADirectoryError"):
-        image._read_path(str(tmp_path), f"image {str(tmp_path)!r}")
+        assert image._read_path(str(path), {}) == path.read_bytes(), n
+        assert image._read_path(path.as_uri(), {}) == path.read_bytes(), n
+    with pytest.raises(SampleError, match=f"image {str(tmp_path)!r}: .*IsADirectoryError"):
+        image._read_path(str(tmp_path), {"path": str(tmp_path)})
 
 
 def test_bytes_in_item_equals_path_read(jpeg_file):
