@@ -50,8 +50,8 @@ thread running conveyor's kernel with no loader (2 x one thread is the machine l
 measurement builds a fresh contender, runs ``--epochs`` epochs back to back and closes it
 (worker processes stopped) before the next starts, so nothing of one contender runs while
 another is timed; samples/s are counted from batch ``--skip`` (10) on, the build-to-first-batch
-time is reported apart; ``--rounds`` rounds, the order rotated each round, ratios are medians of
-per-round ratios. Then the memory (PSS) of one loader's process tree over ``--mem-epochs``
+time is reported apart; ``--rounds`` rounds (5 ImageNet-sized, 3 camera-sized unless given), the
+order rotated each round, ratios are medians of per-round ratios. Then the memory (PSS) of one loader's process tree over ``--mem-epochs``
 epochs. ``--parts small,large,mem`` picks parts.
 
     python benchmarks/imagenet_throughput.py --targets --out targets.md  # ~5 min quiet
@@ -698,7 +698,8 @@ def targets_main(a: argparse.Namespace, argv: list[str] | None) -> int:
     emit(f"Code: {C.repo_state(REPO)}.")
     emit()
     emit(f"Method: every contender is built fresh for each measurement and closed (workers "
-         f"stopped) before the next one starts; {a.rounds} rounds, the order rotated each round; "
+         f"stopped) before the next one starts; {a.rounds} rounds ({a.large_rounds} camera-sized), the "
+         "order rotated each round; "
          f"{a.epochs} epochs back to back per measurement, samples/s counted from batch "
          f"{a.skip} to the last batch (start-up excluded, epoch restarts included); the time "
          "from building the loader to its first batch is reported apart. Ratios are medians of "
@@ -730,7 +731,8 @@ def targets_main(a: argparse.Namespace, argv: list[str] | None) -> int:
             records = list_records(root)
             mb = sum(os.path.getsize(r["path"]) for r in records) / 2**20
             cs, dls = contenders(root, records, bs)
-            res = alternate(cs, a.rounds, epochs, a.skip, a.quiet_wait, deadline, label)
+            res = alternate(cs, a.large_rounds if big else a.rounds, epochs, a.skip, a.quiet_wait,
+                            deadline, label)
             best = best_dataloader(res, dls)
             one = cs[-1].name
             emit(f"**{label}**: {len(records)} JPEGs ({mb:.1f} MiB) per epoch, batch {bs}, "
@@ -845,7 +847,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.quick:
             a.count, a.rounds, a.epochs, a.mem_epochs, a.quiet_wait, a.batch_size = 96, 1, 2, 2, 0.0, 8
             a.large_count, a.large_repeat, a.large_wh, a.large_batch = 4, 6, "1200x800", 2
-        a.rounds = a.rounds or 3
+        # 5 rounds of the ImageNet-sized part: one contender's rate moves by up to ~10 % between
+        # rounds on a shared host, and the median of 5 per-round ratios moves less than of 3
+        a.large_rounds = a.rounds or 3
+        a.rounds = a.rounds or 5
         a.epochs = 3 if a.epochs == 5 else a.epochs
         a.dl_workers = "2,4" if a.dl_workers == "0,1,2,4" else a.dl_workers
         a.large_count = 24 if a.large_count == 32 else a.large_count
