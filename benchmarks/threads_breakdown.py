@@ -14,7 +14,12 @@ thread (``conveyor.nodes.prefetch._run``) are wrapped to count, per image:
 * ``prefetch CPU`` and ``collate CPU`` / ``collate faults``: the loader's own thread (input
   nodes, the map's caller side, batch, collate, state snapshots), of which collate's
   ``np.stack`` into a new batch (its page faults are minor faults of fresh memory);
-* ``process CPU``: all threads, per image, against the kernel's CPU per image in one thread.
+* ``process CPU``: all threads, per image, against the kernel's CPU per image in one thread;
+* ``2 bare threads`` / ``2 processes``: the machine's own ceiling at the same moment, the
+  kernel with no loader on two threads of one process and in two forked processes, each
+  doing half the listing, as a fraction of 2 x one thread. On this KVM guest the threads'
+  figure moves between ~0.8 and ~1.0 from one hour to the next while the processes' stays
+  near 1: the GIL's hand-offs wake the other vCPU, which the host serves late when busy.
 
 Threads and processes other than this one change every figure: run it on a quiet machine
 (it waits up to ``--quiet-wait`` s for one before each measurement and prints the share of
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import multiprocessing as mp
 import resource
 import sys
 import tempfile
@@ -122,6 +128,30 @@ def timed_stack(batch, **kw):
     return out
 
 
+def _run_half(records: list[dict], work: B.Work, epochs: int) -> None:
+    for e in range(epochs):
+        for rec in records:
+            work(rec, e)
+
+
+def bare_rate(records: list[dict], work: B.Work, epochs: int, processes: bool) -> float:
+    """Images/s of the kernel alone on two threads (or two forked processes), each doing every
+    other record."""
+    if processes:
+        ctx = mp.get_context("fork")
+        runners = [ctx.Process(target=_run_half, args=(records[i::2], work, epochs)) for i in range(2)]
+    else:
+        runners = [threading.Thread(target=_run_half, args=(records[i::2], work, epochs)) for i in range(2)]
+    t0 = time.perf_counter()
+    for x in runners:
+        x.start()
+    for x in runners:
+        x.join()
+    if processes and any(x.exitcode for x in runners):
+        raise SystemExit(f"a kernel process failed: exit codes {[x.exitcode for x in runners]}")
+    return len(records) * epochs / (time.perf_counter() - t0)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=4)
@@ -148,6 +178,7 @@ def main() -> int:
             one_s, one_cpu = time.perf_counter() - t0, time.thread_time() - p0
             one_faults = (resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0) / (len(records) * a.epochs)
             one_fg = C.foreign_share(c0, C.cpu_snapshot(), one_s)
+            bare = [bare_rate(records, kernel, a.epochs, processes) for processes in (False, True)]
             C.wait_for_quiet(a.quiet_wait, threshold=0.1)
             acc.clear()
             loader = load_graph(str(SPEC), root=str(root), batch_size=32)
@@ -162,6 +193,7 @@ def main() -> int:
             one_rate = len(records) * a.epochs / one_s
             us = {k: 1e6 * v / n for k, v in acc.items()}
             rows.append((r + 1, f"{n / wall:.0f}", f"{one_rate:.0f}", f"{n / wall / (2 * one_rate):.3f}",
+                         f"{bare[0] / (2 * one_rate):.3f}", f"{bare[1] / (2 * one_rate):.3f}",
                          f"{1e6 * proc / n:.0f}", f"{1e6 * one_cpu / (len(records) * a.epochs):.0f}",
                          f"{us.get('fn_cpu', 0):.0f} ({acc['fn_faults'] / n:.1f} faults/img; 1 thread "
                          f"{one_faults:.1f})", f"{us.get('fn_wait', 0):.0f}",
@@ -174,9 +206,9 @@ def main() -> int:
     print(f"imagenet.yaml as shipped (2 decode threads), {a.count} generated ImageNet-sized JPEGs, "
           f"{a.epochs} epochs per measurement, batch 32; figures in µs per image:\n")
     print(C.md_table(["round", "imagenet.yaml img/s", "1 thread img/s", "÷ 2 × 1 thread",
-                      "process CPU", "1 thread CPU", "fn CPU", "fn wait", "starved", "hand-off",
+                      "2 bare threads ÷ 2 × 1 thread", "2 processes ÷ 2 × 1 thread", "process CPU", "1 thread CPU", "fn CPU", "fn wait", "starved", "hand-off",
                       "prefetch CPU", "of which collate", "others' CPU share"], rows,
-                     [True] * 6 + [False, True, False, False, True, False, True]))
+                     [True] * 8 + [False, True, False, False, True, False, True]))
     return 0
 
 
