@@ -17,9 +17,9 @@ thread (``conveyor.nodes.prefetch._run``) are wrapped to count, per image:
 * ``process CPU``: all threads, per image, against the kernel's CPU per image in one thread;
 * ``2 bare threads`` / ``2 processes``: the machine's own ceiling at the same moment, the
   kernel with no loader on two threads of one process and in two forked processes, each
-  doing half the listing, as a fraction of 2 x one thread. On this KVM guest the threads'
-  figure moves between ~0.8 and ~1.0 from one hour to the next while the processes' stays
-  near 1: the GIL's hand-offs wake the other vCPU, which the host serves late when busy.
+  doing half the listing, as a fraction of 2 x one thread. On this KVM guest both move from
+  one round to the next (2026-12-01: threads 0.71-1.05, processes 0.74-1.08), the threads more
+  often: a GIL hand-off wakes the other vCPU, which a busy host may serve late.
 
 Threads and processes other than this one change every figure: run it on a quiet machine
 (it waits up to ``--quiet-wait`` s for one before each measurement and prints the share of
