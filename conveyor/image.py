@@ -413,7 +413,8 @@ def _slot(into: Callable[..., torch.Tensor | None] | None, out_h: int, out_w: in
 
 def _to_tensor(chw: np.ndarray, *, flip: bool, into: torch.Tensor | None = None) -> torch.Tensor:
     """A contiguous uint8 (C, H, W) tensor, mirrored left-right when ``flip``: ``into`` when
-    given (``chw`` copied there unless the resize wrote it there), else a new one.
+    given (``chw`` copied there; ``train_transform`` returns a row the resize wrote into
+    without coming here), else a new one.
 
     One copy (numpy's, single-threaded) does the flip and the layout at once.
     """
@@ -421,7 +422,7 @@ def _to_tensor(chw: np.ndarray, *, flip: bool, into: torch.Tensor | None = None)
         dst = into.numpy()
         if flip:
             px.mirror_into(dst, chw)
-        elif chw.ctypes.data != dst.ctypes.data or chw.strides != dst.strides:
+        else:
             np.copyto(dst, chw)
         return into
     if flip:

@@ -41,13 +41,14 @@ def _stack_tensors(batch: list[torch.Tensor], *, collate_fn_map: Any = None,
     at all when the samples are consecutive rows of a map's slab; anything else goes to
     torch's own rule."""
     elem = batch[0]
-    if plain_tensor(elem) and torch.utils.data.get_worker_info() is None:  # (workers: shared memory)
+    # (not in DataLoader workers: their batches go through shared memory)
+    here = plain_tensor(elem) and torch.utils.data.get_worker_info() is None
+    if here:
         rows = slab_batch(batch)  # checks every sample
         if rows is not None:
             return rows
     plain = (
-        plain_tensor(elem)
-        and torch.utils.data.get_worker_info() is None  # DataLoader workers: shared memory
+        here
         and all(type(t) is torch.Tensor and t.shape == elem.shape and t.dtype == elem.dtype
                 and t.device == elem.device and not t.requires_grad for t in batch)
     )
