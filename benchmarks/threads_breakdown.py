@@ -130,8 +130,7 @@ def timed_stack(batch, **kw):
 
 def _run_half(records: list[dict], work: B.Work, epochs: int) -> None:
     for e in range(epochs):
-        for rec in records:
-            work(rec, e)
+        B._run_chunk(records, work, e)
 
 
 def bare_rate(records: list[dict], work: B.Work, epochs: int, processes: bool) -> float:
