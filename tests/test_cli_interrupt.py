@@ -27,8 +27,15 @@ def test_ctrl_c_prints_the_summary_so_far_and_exits_130(write_spec, tmp_path):
 output: batch
 """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
-    proc = subprocess.Popen([sys.executable, "-m", "conveyor", "run", str(spec), "-q", "--epochs", "100"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # Ctrl-C reaches a command run from an interactive shell. A suite started as a background
+    # job has SIGINT ignored, and a child inherits an ignored signal (not a handler): the run
+    # would never see the SIGINT below. So the child starts with SIGINT at its default.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "conveyor", "run", str(spec), "-q", "--epochs", "100"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     try:
         deadline = time.monotonic() + 60
         while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
