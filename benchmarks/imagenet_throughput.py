@@ -45,8 +45,9 @@ DataLoader users write, whose Dataset does the work with Pillow (``_common.full_
 full decode, RandomResizedCrop rule, BILINEAR resize, flip), on generated JPEGs that are not
 the bundled sample: ``--count`` ImageNet-sized (~450x360, ~50 kB) and ``--large-count``
 camera-sized ones listed ``--large-repeat`` times. Contenders: imagenet.yaml (threads),
-imagenet-procs.yaml (processes), DataLoader with ``--dl-workers`` (2,4), plain threads and one
-thread running conveyor's kernel with no loader (2 x one thread is the machine limit). Each
+imagenet-procs.yaml (processes), DataLoader with ``--dl-workers`` (2,4), plain threads, plain
+forked processes and one thread running conveyor's kernel with no loader (2 x one thread is the
+machine limit; the plain processes show how much of it the host gives two cores at once). Each
 measurement builds a fresh contender, runs ``--epochs`` epochs back to back and closes it
 (worker processes stopped) before the next starts, so nothing of one contender runs while
 another is timed; samples/s are counted from batch ``--skip`` (10) on, the build-to-first-batch
@@ -724,6 +725,8 @@ def targets_main(a: argparse.Namespace, argv: list[str] | None) -> int:
                 *dls,
                 BatchedThreads(f"{a.workers} plain threads, conveyor kernel, no loader", records, kernel,
                                a.workers, bs),
+                PlainProcesses(f"{a.workers} plain processes, conveyor kernel, no loader", records, kernel,
+                               a.workers, bs),
                 Batched("1 thread, conveyor kernel, no loader", records, kernel, bs)]
             return cs, [d.name for d in dls]
 
@@ -751,10 +754,18 @@ def targets_main(a: argparse.Namespace, argv: list[str] | None) -> int:
             r = per_round(res, conv, lambda x: cores * x[one].rate)
             rows.append((label, f"imagenet.yaml ÷ machine limit ({cores} × 1 thread of the kernel)",
                          f"{r:.2f}", "≥ 0.85" if not big else "—", verdict(r, 0.85) if not big else "(information)"))
-            r = per_round(res, conv, lambda x: x[cs[-2].name].rate)
+            threads, procs_bare = cs[-3].name, cs[-2].name
+            r = per_round(res, conv, lambda x: x[threads].rate)
             rows.append((label, f"imagenet.yaml ÷ {a.workers} plain threads (the same kernel, no loader)",
                          f"{r:.2f}", "—", "(information)"))
-            r = per_round(res, cs[-2].name, lambda x: x[one].rate)
+            r = per_round(res, procs_bare, lambda x: cores * x[one].rate)
+            rows.append((label, f"{a.workers} plain processes ÷ machine limit (what this host gives "
+                         "two copies of the kernel with no GIL and no loader)", f"{r:.2f}", "—",
+                         "(information)"))
+            r = per_round(res, conv, lambda x: x[procs_bare].rate)
+            rows.append((label, f"imagenet.yaml ÷ {a.workers} plain processes", f"{r:.2f}", "—",
+                         "(information)"))
+            r = per_round(res, threads, lambda x: x[one].rate)
             rows.append((label, f"{a.workers} plain threads ÷ 1 thread (the kernel's thread scaling)",
                          f"{r:.2f}", f"≥ {0.85 * a.workers:.2f}", verdict(r, 0.85 * a.workers)))
 
