@@ -62,6 +62,10 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=6)
     ap.add_argument("--steps", type=int, default=50)
     args = ap.parse_args()
+    per_rank = -(-(args.n // args.old) // 256)  # batches in an old rank's epoch (the smallest share)
+    if not 0 < args.steps < per_rank:
+        ap.error(f"--steps {args.steps}: an old rank has {per_rank} batches of 256 in its epoch; "
+                 f"take at least 1 and leave some (--n {args.n}, --old {args.old})")
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "elastic.yaml"
         spec.write_text(SPEC)

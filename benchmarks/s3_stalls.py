@@ -83,9 +83,13 @@ def main() -> int:
                    [row("first of an epoch", first), row("a new window starts in it", boundary),
                     row("inside a window", other), row("all but the first", rest)],
                    [False, True, True, True, True]))
-    med = statistics.median(rest)
-    print(f"\nmax gap after the first batch / median gap: {max(rest) / med:.1f}; window-boundary median / "
-          f"other median: {statistics.median(boundary) / statistics.median(other):.2f}")
+    if boundary and other:
+        print(f"\nmax gap after the first batch / median gap: {max(rest) / statistics.median(rest):.1f}; "
+              f"window-boundary median / other median: "
+              f"{statistics.median(boundary) / statistics.median(other):.2f}")
+    else:
+        print(f"\nno ratio: {len(boundary)} batches start a window after the first and {len(other)} do "
+              f"not; give more --copies or --epochs, or a smaller --window")
     m = machine()
     print(f"{n} samples x {args.epochs} epochs from moto S3 (127.0.0.1), window {w}, batch {bs}, image 112 px; "
           f"{m.get('cpu', '?')}, {m.get('cpus (nproc)', '?')} cores, load average {m.get('load average at start', '?')}")
