@@ -72,6 +72,33 @@ class _Endless:
 endless_big_items = _Endless()
 
 
+class _Batches:
+    """Endless 5 MiB tensors, each filled with its copy's count (1, 2, ...): one per chunk,
+    as an image batch of imagenet-procs.yaml travels."""
+
+    def __call__(self, w: int):
+        import torch
+        from torchdata.nodes import BaseNode
+
+        class Filled(BaseNode):
+            def reset(self, initial_state=None):
+                super().reset(initial_state)
+                self.i = 0 if initial_state is None else initial_state["i"]
+
+            def next(self):
+                self.i += 1
+                return torch.full((5 << 18,), float(self.i))
+
+            def get_state(self):
+                return {"i": self.i}
+
+        node = Filled()
+        return node, {"filled": node}
+
+
+endless_batches = _Batches()
+
+
 def exit_in_copy(w: int):
     """A copy factory whose worker process exits at once with the given code."""
     import os

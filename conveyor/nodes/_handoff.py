@@ -11,12 +11,14 @@ copies the tensors' bytes into one ``bytearray`` (each at a multiple of 64 bytes
 The tensors of one chunk share the chunk's buffer: keeping one keeps the chunk's bytes
 (tens of KB) alive, as a view would.
 
-``share=True`` (worker processes) leaves tensors of ``SHARE_MIN_BYTES`` (1 MiB) and more to
-torch's own multiprocessing reduction: the tensor moves to shared memory and its file
-descriptor is passed, as DataLoader does with its batches; the main process maps it, no bytes
-cross the pipe. A 4.8 MB image batch: 5 ms instead of 10 per hand-off (``_pipes``' direct
-writes), 16-20 ms through ``Connection.send_bytes``. ``Packer`` falls back to by-value packing,
-saying so once, when shared memory fails (a small ``/dev/shm`` in a container).
+``share=True`` (worker processes) sends tensors of ``SHARE_MIN_BYTES`` (1 MiB) and more through
+shared memory, no bytes crossing the pipe: copied into a slot the worker's ``Lender`` reuses
+(``_lent``; only the slot's number travels), or, with no lender or every slot lent, through
+torch's own multiprocessing reduction (the tensor moves to a new segment and its file
+descriptor is passed, as DataLoader does with its batches). A 4.8 MB image batch: 5 ms instead
+of 10 per hand-off (``_pipes``' direct writes), 16-20 ms through ``Connection.send_bytes``; in
+a reused slot, a copy into memory already mapped on both sides. ``Packer`` falls back to
+by-value packing, saying so once, when shared memory fails (a small ``/dev/shm`` in a container).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import pickle
 from typing import Any
 
 import torch
+
+from conveyor.nodes._lent import Borrower, Lender
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +47,21 @@ _Tensor, _STRIDED = torch.Tensor, torch.strided
 class _Pickler(pickle.Pickler):
     share_min: float = float("inf")
 
-    def __init__(self, file: io.BytesIO, tensors: list):
+    def __init__(self, file: io.BytesIO, tensors: list, lender: Lender | None = None):
         super().__init__(file, 5)  # positional: ForkingPickler passes only *args on
         self.tensors = tensors
+        self.lender = lender
         self.seen: dict[int, int] = {}  # id(tensor) -> its number: one tensor twice stays one
 
-    def persistent_id(self, obj: Any) -> int | None:
+    def persistent_id(self, obj: Any) -> int | tuple | None:
         # called for every object pickled: the common "not a tensor" answer comes first
         if type(obj) is not _Tensor or obj.requires_grad or obj.layout is not _STRIDED \
                 or not obj.is_cpu or obj.dtype not in _PACKABLE:
             return None
         if obj.numel() * obj.element_size() >= self.share_min:
+            lender = self.lender
+            if lender is not None and id(obj) not in lender.mine:
+                return lender.lend(obj)  # a slot of shared memory; None: every slot is lent
             return None  # torch's own reduction: moved to shared memory, its fd sent
         pid = self.seen.get(id(obj))
         if pid is None:
@@ -63,11 +71,16 @@ class _Pickler(pickle.Pickler):
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, tensors: list):
+    def __init__(self, file: io.BytesIO, tensors: list, borrower: Borrower | None = None):
         super().__init__(file)
         self.tensors = tensors
+        self.borrower = borrower
 
-    def persistent_load(self, pid: int) -> torch.Tensor:
+    def persistent_load(self, pid: int | tuple) -> torch.Tensor:
+        if isinstance(pid, tuple):
+            if self.borrower is None:
+                raise pickle.UnpicklingError("a tensor lent in shared memory, and no Borrower to map it")
+            return self.borrower.view(pid)
         return self.tensors[pid]
 
 
@@ -87,15 +100,16 @@ def _sharing_pickler() -> type:
 _SharingPickler: type | None = None
 
 
-def pack(items: Any, *, share: bool = False) -> tuple[bytes, list, pickle.PickleBuffer]:
+def pack(items: Any, *, share: bool = False, lender: Lender | None = None) -> tuple[bytes, list, pickle.PickleBuffer]:
     """``items`` as (pickled structure, tensor metas, one buffer of the tensors' bytes).
 
     The buffer is a ``PickleBuffer``: pickled with protocol 5 and a ``buffer_callback`` it
-    travels out of band (``_pipes`` writes it straight from memory), else in band.
+    travels out of band (``_pipes`` writes it straight from memory), else in band. With
+    ``share`` and a ``lender``, big tensors are copied into the lender's slots (``_lent``).
     """
     tensors: list[torch.Tensor] = []
     buf = io.BytesIO()
-    (_sharing_pickler() if share else _Pickler)(buf, tensors).dump(items)
+    (_sharing_pickler() if share else _Pickler)(buf, tensors, lender if share else None).dump(items)
     metas, raw = [], bytearray()
     for t in tensors:
         metas.append((t.dtype, tuple(t.shape), len(raw)))
@@ -109,16 +123,20 @@ def pack(items: Any, *, share: bool = False) -> tuple[bytes, list, pickle.Pickle
 
 
 class Packer:
-    """``pack`` for a worker process: through shared memory until that fails once (a small
-    ``/dev/shm`` in a container, say), then by value through the pipe, said once."""
+    """``pack`` for a worker process: through shared memory (the ``lender``'s slots when
+    given, see ``_lent``) until that fails once (a small ``/dev/shm`` in a container, say),
+    then by value through the pipe, said once."""
 
-    def __init__(self, share: bool = True):
+    def __init__(self, share: bool = True, lender: Lender | None = None):
         self.share = share
+        self.lender = lender
 
     def __call__(self, items: Any) -> tuple[bytes, list, pickle.PickleBuffer]:
         if self.share:
+            if self.lender is not None:
+                self.lender.begin()
             try:
-                return pack(items, share=True)
+                return pack(items, share=True, lender=self.lender)
             except RuntimeError as exc:  # torch: "unable to write to file </torch_...>: No space left"
                 self.share = False
                 log.warning("shared memory for big tensors failed (%s); this worker sends them "
@@ -126,9 +144,15 @@ class Packer:
                             "(docker run --shm-size=...)", exc)
         return pack(items)
 
+    def take_back(self) -> None:
+        """The last chunk packed was not sent: the shared-memory slots it took are free again."""
+        if self.lender is not None:
+            self.lender.take_back()
 
-def unpack(packed: tuple[bytes, list, Any]) -> Any:
-    """The items of ``pack``, their tensors views of one buffer."""
+
+def unpack(packed: tuple[bytes, list, Any], borrower: Borrower | None = None) -> Any:
+    """The items of ``pack``, their tensors views of one buffer (lent ones, views of the
+    ``borrower``'s slots)."""
     structure, metas, raw = packed
     if isinstance(raw, pickle.PickleBuffer):  # not pickled on the way
         raw = raw.raw()
@@ -142,4 +166,4 @@ def unpack(packed: tuple[bytes, list, Any]) -> Any:
             tensors.append(t if len(shape) == 1 else t.view(shape))
         else:
             tensors.append(torch.empty(shape, dtype=dtype))
-    return _Unpickler(io.BytesIO(structure), tensors).load()
+    return _Unpickler(io.BytesIO(structure), tensors, borrower).load()

@@ -12,7 +12,8 @@ state to start from, except when the next epoch simply follows a whole one: then
 have already gone on into it (``run_ahead``), so no copy idles while the main process drains
 the end of an epoch. Worker processes send through a pipe each, written from the worker's
 own thread (``_pipes``): small tensors packed into one buffer per chunk, big ones through
-shared memory (``_handoff``); they run torch with one intra-op thread. Items come back in
+shared-memory slots each worker lends the main process and reuses once nothing there refers
+to them (``_handoff``, ``_lent``); they run torch with one intra-op thread. Items come back in
 chunks (a per-item hand-off between processes costs more than cheap items), each chunk with
 its copy's state before its first item; the node's state is, per copy, that chunk state and
 how many of its items were taken, plus the turn and which copies are done. A restore sends
@@ -40,6 +41,7 @@ from torchdata.nodes import BaseNode
 from conveyor.nodes._children import describe, end_processes, threads_instead
 from conveyor.nodes._elastic import Cursor, compact
 from conveyor.nodes._handoff import Packer, unpack
+from conveyor.nodes._lent import MAX_SLOTS, Borrower, Lender, available
 from conveyor.nodes._parent import Parent, watch_parent
 from conveyor.nodes._pipes import PipeOut, make_pipe
 from conveyor.nodes._threads import portable
@@ -51,7 +53,6 @@ _START, _ITEMS, _END, _ERR = "start", "items", "end", "err"
 _POLL = 0.1
 _FIRST_CHUNK = 8
 BASE_KEY, SKIP_KEY = "base", "skip"
-_PACKER = Packer()  # per process: a worker that finds shared memory failing stops trying
 CLOSE_WAIT = 10.0  # seconds close() gives workers to leave on their own (a stopped one: none)
 _CHUNK_BYTES = 4 << 20  # a chunk ends once its tensors hold this much (big items: few per chunk)
 
@@ -95,13 +96,15 @@ def _death(worker: Any) -> str:
 
 def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
                  cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, by_value: bool,
-                 run_ahead: bool = True, credits: Any = None, parent: tuple[int, bool] | None = None) -> None:
+                 run_ahead: bool = True, credits: Any = None, parent: tuple[int, bool] | None = None,
+                 flags: Any = None) -> None:
     """One worker: build the copy once, then run epochs as the commands ask.
 
     Items travel in chunks (8 items first, doubling up to ``chunk``, or what ``max_wait``
     seconds gave), each with the copy's state before its first item; ``by_value`` packs a
     chunk's small tensors into one buffer and moves big ones to shared memory here (see
-    ``_handoff``). With ``run_ahead``, a copy that sent the end of epoch e goes on
+    ``_handoff``; with ``flags``, into slots of shared memory it lends the main process,
+    ``_lent``). With ``run_ahead``, a copy that sent the end of epoch e goes on
     into epoch e + 1 from its start, unasked: the main process takes those items if that is
     what it asks for next, and drops them otherwise. A worker process given ``parent`` (the
     main process's pid, and whether its main thread started the worker) ends when the main
@@ -110,15 +113,18 @@ def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: i
     watch = None
     if parent is not None:
         watch = watch_parent(parent[0], what=f"conveyor worker copy {w}", from_main_thread=parent[1])
+    pack = None
     if by_value:
         out_q = PipeOut(out_q, credits, stop, watch)
+        # a worker that finds shared memory failing stops trying (Packer)
+        pack = Packer(lender=Lender(flags) if flags is not None else None)
         import torch
 
         # N copies already use the cores: torch's own intra-op threads would only contend
         # (and spin) with the other copies, as DataLoader's workers also set.
         torch.set_num_threads(1)
     try:
-        _serve(factory, w, cmd_q, out_q, stop, chunk, max_wait, by_value, run_ahead, watch)
+        _serve(factory, w, cmd_q, out_q, stop, chunk, max_wait, pack, run_ahead, watch)
     except (BrokenPipeError, EOFError):
         pass  # the main process closed its end: it is gone or closing
     except BaseException as exc:  # noqa: BLE001 - a failure outside the graph's items: say it
@@ -130,7 +136,7 @@ def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: i
 
 
 def _serve(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
-           cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, by_value: bool,
+           cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, pack: Packer | None,
            run_ahead: bool, watch: Parent | None) -> None:
     try:
         root, nodes = factory(w)
@@ -154,7 +160,7 @@ def _serve(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
             cmd = ahead = None
         else:
             (gen, epoch), state, ahead, deal = ahead, None, None, None
-        cmd, ended = _run_epoch(root, nodes, cmd_q, out_q, stop, (gen, epoch), state, chunk, max_wait, by_value,
+        cmd, ended = _run_epoch(root, nodes, cmd_q, out_q, stop, (gen, epoch), state, chunk, max_wait, pack,
                                 deal)
         if ended and cmd is None and run_ahead:
             ahead = (gen, epoch + 1)
@@ -172,11 +178,12 @@ def _put_unless_stopped(out_q: Any, msg: tuple, stop: Any) -> None:
 
 
 def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, stop: Any, key: tuple,
-               state: dict | None, chunk: int, max_wait: float, by_value: bool,
+               state: dict | None, chunk: int, max_wait: float, pack: Packer | None,
                deal: dict | None = None) -> tuple[Any, bool]:
     """Send one epoch of the copy, tagged with ``key``; returns (a command that came in
-    meanwhile, whether the epoch was sent to its end). ``deal``: what is left of an epoch
-    interrupted on another world size (elastic resume), for the copy's shard."""
+    meanwhile, whether the epoch was sent to its end). ``pack``: how a worker process packs
+    a chunk (None: threads hand the items over as they are). ``deal``: what is left of an
+    epoch interrupted on another world size (elastic resume), for the copy's shard."""
     epoch = key[1]
     try:
         for node in nodes.values():
@@ -228,10 +235,10 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
         except BaseException as exc:  # noqa: BLE001
             msg = (key, _ERR, portable(exc), None, None)
             if items:  # deliver what came before the error first
-                _put_unless_stopped(out_q, (key, _ITEMS, _PACKER(items) if by_value else items, base, None), stop)
+                _put_unless_stopped(out_q, (key, _ITEMS, pack(items) if pack else items, base, None), stop)
             continue
         if items:
-            payload = _PACKER(items) if by_value else items
+            payload = pack(items) if pack else items
             msg = (key, _ITEMS, payload, base, _stats_of(nodes))
             if end:  # send the items now, the end with the next round
                 _put_unless_stopped(out_q, msg, stop)
@@ -241,6 +248,8 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
             cmd = cmd_q.get_nowait()
         except queue.Empty:
             pass
+    if pack is not None and msg[1] == _ITEMS:
+        pack.take_back()  # a new command came before the chunk could be sent: it never will be
     return cmd, False
 
 
@@ -299,6 +308,7 @@ class WorkerCopies(BaseNode):
         self.epoch = 0
         self._workers: list[Any] = []
         self._credits: list[Any] = []
+        self._borrowers: list[Borrower | None] = []  # per worker process: the slots it lends (_lent)
         self._cmd: list[Any] = []
         self._out: list[Any] = []
         self._stop: Any = None
@@ -330,16 +340,19 @@ class WorkerCopies(BaseNode):
         parent = (os.getpid(), threading.current_thread() is threading.main_thread()) if by_value else None
         for w in range(self.copies):
             cmd_q = make_q()
-            credits = None
+            credits = flags = None
             if by_value:
                 out_q, child_end = make_pipe(ctx, self.pipe_bytes)
                 credits = ctx.Semaphore(self.depth)  # chunks in flight, released as taken
+                if available():
+                    flags = ctx.Array("b", MAX_SLOTS)  # 1: a slot lent to this process (_lent)
             else:
                 out_q = child_end = make_q(maxsize=self.depth)
             self._credits.append(credits)
+            self._borrowers.append(None if flags is None else Borrower(flags))
             worker = make_worker(target=_worker_loop, args=(self.factory, w, cmd_q, child_end, self._stop,
                                                             self.chunk, self.max_wait, by_value,
-                                                            self.run_ahead, credits, parent),
+                                                            self.run_ahead, credits, parent, flags),
                                  daemon=True, name=f"conveyor-copy-{w}")
             worker.start()
             if by_value:
@@ -375,6 +388,11 @@ class WorkerCopies(BaseNode):
                 if msg[0] == self._key:
                     self.received += 1
                     return msg
+                if msg[1] == _ITEMS and self._borrowers[w] is not None:
+                    try:
+                        self._unpack(w, msg[2])  # stale: unpacked only so that its slots come back
+                    except (OSError, EOFError):
+                        pass  # its sender is gone: the next message (or its absence) says so
         finally:
             self.waiting_for = None
 
@@ -442,7 +460,7 @@ class WorkerCopies(BaseNode):
         _, _, payload, base, stats = msg
         self._base[w], self._taken[w] = base, 0
         try:
-            self._chunk[w] = unpack(payload) if isinstance(payload, tuple) else payload
+            self._chunk[w] = self._unpack(w, payload) if isinstance(payload, tuple) else payload
         except (OSError, EOFError) as exc:  # a shared-memory tensor whose sender is gone
             self._workers[w].join(timeout=5)
             why = _death(self._workers[w]) if not self._workers[w].is_alive() else "is unreachable"
@@ -450,6 +468,12 @@ class WorkerCopies(BaseNode):
         if stats:
             self._stats[w] = stats
         return True
+
+    def _unpack(self, w: int, payload: tuple) -> list:
+        borrower = self._borrowers[w]
+        if borrower is not None:
+            borrower.release()  # the slots of batches the trainer has let go: the worker may reuse them
+        return unpack(payload, borrower)
 
     def next(self):
         w = self._next
@@ -558,4 +582,4 @@ class WorkerCopies(BaseNode):
             for q in self._cmd:
                 q.close()
                 q.cancel_join_thread()
-        self._workers, self._cmd, self._out, self._credits = [], [], [], []
+        self._workers, self._cmd, self._out, self._credits, self._borrowers = [], [], [], [], []

@@ -1,0 +1,84 @@
+"""Big tensors from worker processes travel in shared-memory slots the workers reuse
+(``conveyor/nodes/_lent.py``): a slot is written again only once the main process holds no
+view of it, so a batch the trainer keeps never changes under it."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.nodes._lent import MAX_SLOTS, available
+
+pytestmark = pytest.mark.skipif(not available(), reason="this torch cannot tell a storage's use count")
+
+
+def _copies():
+    from conveyor.nodes.copies import WorkerCopies
+    from helpers_fns import endless_batches
+
+    return WorkerCopies(endless_batches, copies=2, method="process")  # 5 MiB items, one per chunk
+
+
+def _value(n: int) -> float:
+    return float(n // 2 + 1)  # item n: copy n % 2's (n // 2 + 1)-th, filled with that count
+
+
+@pytest.mark.timeout(120)
+def test_kept_tensors_never_change_and_the_slots_are_reused() -> None:
+    node = _copies()
+    try:
+        node.reset(None)
+        kept = {}
+        for n in range(120):
+            t = next(node)
+            assert t[0].item() == t[-1].item() == _value(n)
+            if n % 7 == 0:
+                kept[n] = t  # the trainer holds these; the others it lets go at once
+        for n, t in kept.items():  # written by nobody since they were handed over
+            assert bool((t == _value(n)).all()), n
+        borrowers = node._borrowers
+        # 60 items from each worker went through at most depth + kept + a few slots each
+        assert all(0 < len(b.slots) <= node.depth + len(kept) + 3 for b in borrowers), \
+            [len(b.slots) for b in borrowers]
+        kept.clear()
+        # what is still lent: at most the chunk each worker's current item came from
+        assert all(b.release() <= 1 for b in borrowers)
+    finally:
+        node.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_trainer_keeping_every_tensor_gets_them_unchanged_past_the_slots() -> None:
+    node = _copies()
+    try:
+        node.reset(None)
+        kept = [next(node) for _ in range(2 * MAX_SLOTS + 20)]  # more than every slot of both
+        assert all(len(b.slots) == MAX_SLOTS for b in node._borrowers)
+        for n, t in enumerate(kept):  # past the slots, tensors went torch's way: all intact
+            assert bool((t == _value(n)).all()), n
+    finally:
+        node.close()
+
+
+@pytest.mark.timeout(120)
+def test_chunks_dropped_at_a_restore_give_their_slots_back() -> None:
+    node = _copies()
+    try:
+        node.reset(None)
+        for _ in range(4):
+            next(node)
+        state = node.state_dict()
+        for _ in range(12):  # each restore drops the chunks the workers had sent ahead
+            node.reset(state)
+            for n in range(4, 8):
+                t = next(node)
+                assert t[0].item() == _value(n)
+            del t
+        for n in range(8, 40):
+            assert next(node)[0].item() == _value(n)
+        # a dropped chunk's slots were released like any other: nothing leaked (lent now: the
+        # chunks sent ahead, at most depth per worker, and the current one)
+        assert all(b.release() <= 1 for b in node._borrowers)
+        assert all(sum(b.flags[:]) <= node.depth + 1 for b in node._borrowers), \
+            [sum(b.flags[:]) for b in node._borrowers]
+    finally:
+        node.close()
