@@ -82,3 +82,17 @@ def test_chunks_dropped_at_a_restore_give_their_slots_back() -> None:
             [sum(b.flags[:]) for b in node._borrowers]
     finally:
         node.close()
+
+
+@pytest.mark.timeout(120)
+def test_kept_tensors_outlive_the_workers_that_lent_them() -> None:
+    node = _copies()
+    try:
+        node.reset(None)
+        kept = [next(node) for _ in range(6)]
+        workers = list(node._workers)
+    finally:
+        node.close()
+    assert all(p.exitcode is not None for p in workers)  # the lenders are gone
+    for n, t in enumerate(kept):  # their slots stay mapped here for as long as the tensors live
+        assert bool((t == _value(n)).all()), n
