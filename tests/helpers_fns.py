@@ -47,38 +47,16 @@ def is_even(item) -> bool:
 
 
 class _Endless:
-    """Endless 1 MiB tensors: a worker copy sending them fills its pipe and blocks."""
+    """Endless tensors of ``numel`` floats, each filled with its copy's count (1, 2, ...)."""
+
+    def __init__(self, numel: int):
+        self.numel = numel
 
     def __call__(self, w: int):
         import torch
         from torchdata.nodes import BaseNode
 
-        class Ones(BaseNode):
-            def reset(self, initial_state=None):
-                super().reset(initial_state)
-                self.i = 0 if initial_state is None else initial_state["i"]
-
-            def next(self):
-                self.i += 1
-                return torch.full((1 << 18,), float(self.i))
-
-            def get_state(self):
-                return {"i": self.i}
-
-        node = Ones()
-        return node, {"ones": node}
-
-
-endless_big_items = _Endless()
-
-
-class _Batches:
-    """Endless 5 MiB tensors, each filled with its copy's count (1, 2, ...): one per chunk,
-    as an image batch of imagenet-procs.yaml travels."""
-
-    def __call__(self, w: int):
-        import torch
-        from torchdata.nodes import BaseNode
+        numel = self.numel
 
         class Filled(BaseNode):
             def reset(self, initial_state=None):
@@ -87,7 +65,7 @@ class _Batches:
 
             def next(self):
                 self.i += 1
-                return torch.full((5 << 18,), float(self.i))
+                return torch.full((numel,), float(self.i))
 
             def get_state(self):
                 return {"i": self.i}
@@ -96,7 +74,8 @@ class _Batches:
         return node, {"filled": node}
 
 
-endless_batches = _Batches()
+endless_big_items = _Endless(1 << 18)  # 1 MiB: a worker copy sending them fills its pipe and blocks
+endless_batches = _Endless(5 << 18)  # 5 MiB: one per chunk, as an image batch of imagenet-procs.yaml
 
 
 def exit_in_copy(w: int):

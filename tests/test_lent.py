@@ -4,6 +4,8 @@ view of it, so a batch the trainer keeps never changes under it."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from conveyor.nodes._lent import MAX_SLOTS, available
@@ -11,11 +13,18 @@ from conveyor.nodes._lent import MAX_SLOTS, available
 pytestmark = pytest.mark.skipif(not available(), reason="this torch cannot tell a storage's use count")
 
 
+@contextlib.contextmanager
 def _copies():
+    """Two worker processes sending 5 MiB items, one per chunk; started, closed at the end."""
     from conveyor.nodes.copies import WorkerCopies
     from helpers_fns import endless_batches
 
-    return WorkerCopies(endless_batches, copies=2, method="process")  # 5 MiB items, one per chunk
+    node = WorkerCopies(endless_batches, copies=2, method="process")
+    try:
+        node.reset(None)
+        yield node
+    finally:
+        node.close()
 
 
 def _value(n: int) -> float:
@@ -24,9 +33,7 @@ def _value(n: int) -> float:
 
 @pytest.mark.timeout(120)
 def test_kept_tensors_never_change_and_the_slots_are_reused() -> None:
-    node = _copies()
-    try:
-        node.reset(None)
+    with _copies() as node:
         kept = {}
         for n in range(120):
             t = next(node)
@@ -42,28 +49,20 @@ def test_kept_tensors_never_change_and_the_slots_are_reused() -> None:
         kept.clear()
         # what is still lent: at most the chunk each worker's current item came from
         assert all(b.release() <= 1 for b in borrowers)
-    finally:
-        node.close()
 
 
 @pytest.mark.timeout(120)
 def test_a_trainer_keeping_every_tensor_gets_them_unchanged_past_the_slots() -> None:
-    node = _copies()
-    try:
-        node.reset(None)
+    with _copies() as node:
         kept = [next(node) for _ in range(2 * MAX_SLOTS + 20)]  # more than every slot of both
         assert all(len(b.slots) == MAX_SLOTS for b in node._borrowers)
         for n, t in enumerate(kept):  # past the slots, tensors went torch's way: all intact
             assert bool((t == _value(n)).all()), n
-    finally:
-        node.close()
 
 
 @pytest.mark.timeout(120)
 def test_chunks_dropped_at_a_restore_give_their_slots_back() -> None:
-    node = _copies()
-    try:
-        node.reset(None)
+    with _copies() as node:
         for _ in range(4):
             next(node)
         state = node.state_dict()
@@ -80,19 +79,13 @@ def test_chunks_dropped_at_a_restore_give_their_slots_back() -> None:
         assert all(b.release() <= 1 for b in node._borrowers)
         assert all(sum(b.flags[:]) <= node.depth + 1 for b in node._borrowers), \
             [sum(b.flags[:]) for b in node._borrowers]
-    finally:
-        node.close()
 
 
 @pytest.mark.timeout(120)
 def test_kept_tensors_outlive_the_workers_that_lent_them() -> None:
-    node = _copies()
-    try:
-        node.reset(None)
+    with _copies() as node:
         kept = [next(node) for _ in range(6)]
         workers = list(node._workers)
-    finally:
-        node.close()
     assert all(p.exitcode is not None for p in workers)  # the lenders are gone
     for n, t in enumerate(kept):  # their slots stay mapped here for as long as the tensors live
         assert bool((t == _value(n)).all()), n
