@@ -754,6 +754,8 @@ def targets_main(a: argparse.Namespace, argv: list[str] | None) -> int:
             r = per_round(res, conv, lambda x: cores * x[one].rate)
             rows.append((label, f"imagenet.yaml ÷ machine limit ({cores} × 1 thread of the kernel)",
                          f"{r:.2f}", "≥ 0.85" if not big else "—", verdict(r, 0.85) if not big else "(information)"))
+            r = per_round(res, procs, lambda x: cores * x[one].rate)
+            rows.append((label, "imagenet-procs.yaml ÷ machine limit", f"{r:.2f}", "—", "(information)"))
             threads, procs_bare = cs[-3].name, cs[-2].name
             r = per_round(res, conv, lambda x: x[threads].rate)
             rows.append((label, f"imagenet.yaml ÷ {a.workers} plain threads (the same kernel, no loader)",
