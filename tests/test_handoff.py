@@ -103,3 +103,21 @@ def test_when_shared_memory_fails_big_tensors_go_by_value_and_it_is_said_once(mo
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and "No space left on device" in warned[0] and "--shm-size" in warned[0]
     assert packer.share is False
+
+
+def test_when_a_lent_slot_cannot_be_made_big_tensors_go_by_value(monkeypatch, caplog):
+    import multiprocessing as mp
+
+    import conveyor.nodes._handoff as handoff
+    from conveyor.nodes._lent import Lender
+
+    def no_room(self):
+        raise RuntimeError("unable to write to file </torch_1_2>: No space left on device (28)")
+
+    monkeypatch.setattr(torch.Tensor, "share_memory_", no_room)  # the slot's segment cannot be made
+    big = torch.ones(handoff.SHARE_MIN_BYTES // 4)
+    packer = handoff.Packer(lender=Lender(mp.get_context("spawn").Array("b", 4)))
+    with caplog.at_level("WARNING", logger="conveyor.nodes._handoff"):
+        back = unpack(pickle.loads(pickle.dumps(packer([big, big * 2]), protocol=5)))
+    assert torch.equal(back[0], big) and torch.equal(back[1], big * 2)  # by value: nothing lost
+    assert packer.share is False and "--shm-size" in caplog.records[0].getMessage()
