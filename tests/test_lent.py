@@ -89,3 +89,24 @@ def test_kept_tensors_outlive_the_workers_that_lent_them() -> None:
     assert all(p.exitcode is not None for p in workers)  # the lenders are gone
     for n, t in enumerate(kept):  # their slots stay mapped here for as long as the tensors live
         assert bool((t == _value(n)).all()), n
+
+
+def test_slots_are_added_in_doublings_within_the_byte_budget(monkeypatch) -> None:
+    import multiprocessing as mp
+
+    import torch
+
+    import conveyor.nodes._lent as lent
+
+    big = torch.ones(1 << 18)  # 1 MiB
+    lender = lent.Lender(mp.get_context("spawn").Array("b", MAX_SLOTS))
+    counts = []
+    for _ in range(9):  # none comes back: each lend needs a slot of its own
+        assert lender.lend(big) is not None
+        counts.append(len(lender.slots))
+    assert counts == [1, 2, 4, 4, 8, 8, 8, 8, 16]  # the most needed at once is reached in few steps
+    monkeypatch.setattr(lent, "SLOT_BYTES", 3 << 20)
+    capped = lent.Lender(mp.get_context("spawn").Array("b", MAX_SLOTS))
+    pids = [capped.lend(big) for _ in range(4)]
+    assert [p is not None for p in pids] == [True, True, True, False]  # the 4th goes torch's way
+    assert len(capped.slots) == 3

@@ -20,6 +20,9 @@ array both processes share, and only then may the lender write the slot again. A
 written while the main process holds a view of it; a chunk the main process drops unread
 (stale after a reset) is unpacked and let go like any other, so its slots come back. With
 every slot lent (a trainer keeping many batches), a tensor goes torch's way, a new segment.
+Slots are added in doublings (1, 2, 4, ...; at most ``MAX_SLOTS`` and ``SLOT_BYTES`` a worker)
+and kept for the loader's life: the memory steps up early to what the run needs at once, then
+stays flat.
 A message packed and then never sent (a new command came first) gives its slots back
 (``take_back``). What the main process cannot see is a view handed on to a third process
 (torch shares the slot's segment with it): such a batch must be copied first (README).
@@ -35,6 +38,7 @@ from typing import Any
 import torch
 
 MAX_SLOTS = 32  # slots per worker: chunks in flight (the credits) and what the main process holds
+SLOT_BYTES = 256 << 20  # a worker's slots hold at most this much (its first slot: whatever it needs)
 LENT = "conveyor-lent"  # the tag of a persistent id naming a slot
 
 
@@ -83,6 +87,21 @@ class Lender:
                 self.sent[i] = False
         self.last = []
 
+    def _grow(self, nbytes: int) -> bool:
+        """Add slots of ``nbytes``: as many as there are (1, 2, 4, ...), so that the most a
+        run needs at once is reached in a few early steps, not one slot at a time over many
+        epochs; within ``MAX_SLOTS`` and ``SLOT_BYTES``. False when not even one fits."""
+        slots = self.slots
+        held = sum(s.numel() for s in slots)
+        room = len(self.flags) - len(slots)
+        if slots:
+            room = min(room, (SLOT_BYTES - held) // nbytes)
+        for _ in range(min(max(1, len(slots)), room)):
+            slots.append(torch.empty(nbytes, dtype=torch.uint8).share_memory_())
+            self.sent.append(False)
+            self.mine.add(id(slots[-1]))
+        return room > 0
+
     def lend(self, t: torch.Tensor) -> tuple | None:
         nbytes = t.numel() * t.element_size()
         flags, slots = self.flags, self.slots
@@ -90,13 +109,10 @@ class Lender:
             free = [i for i in range(len(slots)) if not flags[i] and slots[i].numel() >= nbytes]
         if free:
             i = min(free, key=lambda k: slots[k].numel())
-        elif len(slots) < len(flags):
-            i = len(slots)
-            slots.append(torch.empty(nbytes, dtype=torch.uint8).share_memory_())
-            self.sent.append(False)
-            self.mine.add(id(slots[i]))
         else:
-            return None
+            i = len(slots)
+            if not self._grow(nbytes):
+                return None
         slots[i][:nbytes].view(t.dtype).view(t.shape).copy_(t)
         with flags.get_lock():
             flags[i] = 1
