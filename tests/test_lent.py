@@ -105,6 +105,8 @@ def test_slots_are_added_in_doublings_within_the_byte_budget(monkeypatch) -> Non
         assert lender.lend(big) is not None
         counts.append(len(lender.slots))
     assert counts == [1, 2, 4, 4, 8, 8, 8, 8, 16]  # the most needed at once is reached in few steps
+    first = lent.Lender(mp.get_context("spawn").Array("b", MAX_SLOTS), first=8)
+    assert first.lend(big) is not None and len(first.slots) == 8  # a worker's credits' worth at once
     monkeypatch.setattr(lent, "SLOT_BYTES", 3 << 20)
     capped = lent.Lender(mp.get_context("spawn").Array("b", MAX_SLOTS))
     pids = [capped.lend(big) for _ in range(4)]

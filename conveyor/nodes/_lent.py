@@ -20,9 +20,9 @@ array both processes share, and only then may the lender write the slot again. A
 written while the main process holds a view of it; a chunk the main process drops unread
 (stale after a reset) is unpacked and let go like any other, so its slots come back. With
 every slot lent (a trainer keeping many batches), a tensor goes torch's way, a new segment.
-Slots are added in doublings (1, 2, 4, ...; at most ``MAX_SLOTS`` and ``SLOT_BYTES`` a worker)
-and kept for the loader's life: the memory steps up early to what the run needs at once, then
-stays flat.
+Slots are made as many at once as the worker may have chunks in flight, then in doublings (at
+most ``MAX_SLOTS`` and ``SLOT_BYTES`` a worker), and kept for the loader's life: the memory
+steps up at the start to what the run needs at once, then stays flat.
 A message packed and then never sent (a new command came first) gives its slots back
 (``take_back``). What the main process cannot see is a view handed on to a third process
 (torch shares the slot's segment with it): such a batch must be copied first (README).
@@ -62,10 +62,13 @@ class Lender:
     Args:
         flags: a ``multiprocessing.Array("b", n)`` shared with the main process's
             ``Borrower``: ``flags[i]`` is 1 while slot ``i`` is lent.
+        first: slots made at the first lending: the chunks a worker may have in flight (its
+            credits) each hold one, so a run needs at least that many at once.
     """
 
-    def __init__(self, flags: Any):
+    def __init__(self, flags: Any, first: int = 1):
         self.flags = flags
+        self.first = max(1, first)
         self.slots: list[torch.Tensor] = []
         self.sent: list[bool] = []
         self.mine: set[int] = set()  # id() of the slots' tensors: pickled by torch, not lent
@@ -88,15 +91,17 @@ class Lender:
         self.last = []
 
     def _grow(self, nbytes: int) -> bool:
-        """Add slots of ``nbytes``: as many as there are (1, 2, 4, ...), so that the most a
-        run needs at once is reached in a few early steps, not one slot at a time over many
-        epochs; within ``MAX_SLOTS`` and ``SLOT_BYTES``. False when not even one fits."""
+        """Add slots of ``nbytes``: ``first`` of them, then as many as there are (doubling),
+        so that the most a run needs at once is reached in a few early steps, not one slot at
+        a time over many epochs; within ``MAX_SLOTS`` and ``SLOT_BYTES`` (the first slot always).
+        False when not even one fits."""
         slots = self.slots
         held = sum(s.numel() for s in slots)
-        room = len(self.flags) - len(slots)
-        if slots:
-            room = min(room, (SLOT_BYTES - held) // nbytes)
-        for _ in range(min(max(1, len(slots)), room)):
+        budget = (SLOT_BYTES - held) // nbytes
+        if not slots:
+            budget = max(1, budget)  # the first slot always
+        room = min(len(self.flags) - len(slots), budget)
+        for _ in range(min(len(slots) or self.first, room)):
             slots.append(torch.empty(nbytes, dtype=torch.uint8).share_memory_())
             self.sent.append(False)
             self.mine.add(id(slots[-1]))

@@ -97,14 +97,14 @@ def _death(worker: Any) -> str:
 def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
                  cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, by_value: bool,
                  run_ahead: bool = True, credits: Any = None, parent: tuple[int, bool] | None = None,
-                 flags: Any = None) -> None:
+                 flags: Any = None, flags_first: int = 1) -> None:
     """One worker: build the copy once, then run epochs as the commands ask.
 
     Items travel in chunks (8 items first, doubling up to ``chunk``, or what ``max_wait``
     seconds gave), each with the copy's state before its first item; ``by_value`` packs a
     chunk's small tensors into one buffer and moves big ones to shared memory here (see
     ``_handoff``; with ``flags``, into slots of shared memory it lends the main process,
-    ``_lent``). With ``run_ahead``, a copy that sent the end of epoch e goes on
+    ``flags_first`` of them made at once, ``_lent``). With ``run_ahead``, a copy that sent the end of epoch e goes on
     into epoch e + 1 from its start, unasked: the main process takes those items if that is
     what it asks for next, and drops them otherwise. A worker process given ``parent`` (the
     main process's pid, and whether its main thread started the worker) ends when the main
@@ -117,7 +117,7 @@ def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: i
     if by_value:
         out_q = PipeOut(out_q, credits, stop, watch)
         # a worker that finds shared memory failing stops trying (Packer)
-        pack = Packer(lender=Lender(flags) if flags is not None else None)
+        pack = Packer(lender=Lender(flags, first=flags_first) if flags is not None else None)
         import torch
 
         # N copies already use the cores: torch's own intra-op threads would only contend
@@ -352,7 +352,8 @@ class WorkerCopies(BaseNode):
             self._borrowers.append(None if flags is None else Borrower(flags))
             worker = make_worker(target=_worker_loop, args=(self.factory, w, cmd_q, child_end, self._stop,
                                                             self.chunk, self.max_wait, by_value,
-                                                            self.run_ahead, credits, parent, flags),
+                                                            self.run_ahead, credits, parent, flags,
+                                                            self.depth),
                                  daemon=True, name=f"conveyor-copy-{w}")
             worker.start()
             if by_value:
