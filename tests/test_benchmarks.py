@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from test_torchrun import _free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,11 +55,8 @@ def test_benchmark_script_runs_at_its_smallest_size(script):
 
 def test_even_batches_cost_runs_under_torchrun():
     """even_batches_cost needs a process group: two ranks on loopback, as its docstring runs it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     _check_run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-                f"--master_port={port}", str(ROOT / "benchmarks" / "even_batches_cost.py"), "--rounds", "1",
+                f"--master_port={_free_port()}", str(ROOT / "benchmarks" / "even_batches_cost.py"), "--rounds", "1",
                 "--calls", "10", "--epochs", "1"], "agreement, bare")
 
 
