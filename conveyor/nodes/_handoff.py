@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import pickle
 from typing import Any
 
@@ -158,9 +159,7 @@ def unpack(packed: tuple[bytes, list, Any], borrower: Borrower | None = None) ->
         raw = raw.raw()
     tensors = []
     for dtype, shape, offset in metas:
-        count = 1
-        for s in shape:
-            count *= s
+        count = math.prod(shape)
         if count:
             t = torch.frombuffer(raw, dtype=dtype, count=count, offset=offset)
             tensors.append(t if len(shape) == 1 else t.view(shape))
