@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from conveyor import StateError, load_graph
 from conveyor.graphs.loader import rank_states
-from resume_check import check_resume, fingerprint, run_with_states
+from resume_check import check_resume, fingerprint, remaining, run_with_states
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.yaml"))
@@ -135,6 +136,35 @@ def test_state_from_other_params_names_the_difference() -> None:
     msg = str(info.value)
     assert "node 'batch' param 'size': saved 3, now 4 (breaks exactness" in msg
     assert "strict=False" in msg
+
+
+def _checkout_at(where: Path) -> Path:
+    """specs/numbers.yaml and the data it names through ``${spec_dir}/..``, copied under ``where``."""
+    (where / "specs").mkdir(parents=True)
+    shutil.copy(ROOT / "specs/numbers.yaml", where / "specs/numbers.yaml")
+    shutil.copytree(ROOT / "examples/data/numbers", where / "examples/data/numbers")
+    return where / "specs/numbers.yaml"
+
+
+def test_a_state_loads_strictly_in_a_checkout_moved_elsewhere(tmp_path) -> None:
+    here, there = _checkout_at(tmp_path / "a"), _checkout_at(tmp_path / "b")
+    with load_graph(here, batch_size=3) as loader:
+        batches, states = run_with_states(loader, 2)
+    saved = json.dumps(states[4])
+    assert str(tmp_path) not in saved and "${spec_dir}/../examples/data/numbers" in saved
+    with load_graph(there, batch_size=3) as moved:
+        moved.load_state_dict(json.loads(saved))  # strict: the spec names the same data
+        assert remaining(moved, 1) == batches[4:]
+    # a state written before paths were kept as ${spec_dir}/...: absolute, and still loads where taken
+    old = json.loads(saved.replace("${spec_dir}", str(tmp_path / "a" / "specs")))
+    rank0 = json.loads(old["rank0"])
+    old["rank0"] = json.dumps({**rank0, "digest": "of-the-absolute-paths"})  # so the params are compared
+    with load_graph(here, batch_size=3) as again:
+        again.load_state_dict(old)
+        assert remaining(again, 1) == batches[4:]
+    with load_graph(here, batch_size=3, root=str(tmp_path / "b/examples/data/numbers")) as elsewhere:
+        with pytest.raises(StateError, match="param 'url'"):  # other data: named, as before
+            elsewhere.load_state_dict(json.loads(saved))
 
 
 def test_state_from_other_graph_or_rank_is_refused(monkeypatch) -> None:

@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 from conveyor.errors import ConveyorError, StateError
 from conveyor.graphs import elastic
-from conveyor.graphs.compile import Compiled, digest, summary
+from conveyor.graphs.compile import Compiled, digest, summary, with_spec_dir
 from conveyor.graphs.even import agreement_for
 from conveyor.graphs.instrument import node_perf
 from conveyor.graphs.length import UnknownLength, epoch_length
@@ -514,10 +514,11 @@ class Loader:
         if structural:
             raise StateError("the state is from a different graph: " + "; ".join(structural))
         diffs = []
+        spec_dir = self._c.plan.spec_dir  # a state from before paths were kept as ${spec_dir}/...
         for n, node in now.items():
             old = saved[n]["params"]
             for p in sorted(set(old) | set(node["params"])):
-                if old.get(p) != node["params"].get(p):
+                if with_spec_dir(old.get(p), spec_dir) != node["params"].get(p):
                     safe = p in SAFE_PARAMS
                     diffs.append((safe, f"node '{n}' param '{p}': saved {old.get(p)!r}, now "
                                         f"{node['params'].get(p)!r}"

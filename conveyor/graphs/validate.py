@@ -67,6 +67,7 @@ class Plan:
     even_batches: str = "auto"  # auto | always | never: see conveyor/graphs/even.py
     secret_params: frozenset = frozenset()  # params that reach storage_options: never shown
     watchdog: float = 60.0  # seconds of stall before a warning says where: conveyor/graphs/watchdog.py
+    spec_dir: str = ""  # what ${spec_dir} stood for: states name paths under it by that reference
 
 
 class _Errors:
@@ -449,7 +450,7 @@ def _validate(doc: Located, overrides: Mapping[str, Any] | None, secret: set[str
     if errs.items:
         raise SpecErrors(errs.items)
     return Plan(doc.path, params, nodes, output, resumable, seed if isinstance(seed, int) else 0,
-                copies, even, watchdog=float(watchdog))
+                copies, even, watchdog=float(watchdog), spec_dir=builtins[SPEC_DIR])
 
 
 def env_unset_message(ref: str) -> str:
