@@ -112,3 +112,36 @@ def test_slots_are_added_in_doublings_within_the_byte_budget(monkeypatch) -> Non
     pids = [capped.lend(big) for _ in range(4)]
     assert [p is not None for p in pids] == [True, True, True, False]  # the 4th goes torch's way
     assert len(capped.slots) == 3
+
+
+def test_slots_leave_half_of_dev_shm_free(monkeypatch) -> None:
+    """In a container's 64 MB /dev/shm the slots kept for the loader's life take at most half."""
+    import multiprocessing as mp
+    import os
+    from types import SimpleNamespace
+
+    import torch
+
+    import conveyor.nodes._lent as lent
+
+    size, block = 64 << 20, 4096
+    lender = lent.Lender(mp.get_context("spawn").Array("b", MAX_SLOTS), first=8)
+
+    def statvfs(path):  # a 64 MB tmpfs that the lender's slots fill
+        assert path == lent.SHM
+        used = sum(s.numel() for s in lender.slots)
+        return SimpleNamespace(f_frsize=block, f_blocks=size // block, f_bavail=(size - used) // block)
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    batch = torch.ones(5 << 20, dtype=torch.uint8)  # 5 MiB: 6 fit in the free half
+    pids = [lender.lend(batch) for _ in range(8)]  # none comes back
+    assert len(lender.slots) == 6  # 8 asked for at once (the credits); 6 made
+    assert [p is not None for p in pids] == [True] * 6 + [False] * 2  # the rest go torch's way
+    assert statvfs(lent.SHM).f_bavail * block >= size // 2
+
+    def missing(path):
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(os, "statvfs", missing)  # macOS: no /dev/shm to ask
+    assert lent.shm_room(1 << 20) is None
+    assert lent.Lender(mp.get_context("spawn").Array("b", MAX_SLOTS), first=8).lend(batch) is not None

@@ -21,8 +21,10 @@ written while the main process holds a view of it; a chunk the main process drop
 (stale after a reset) is unpacked and let go like any other, so its slots come back. With
 every slot lent (a trainer keeping many batches), a tensor goes torch's way, a new segment.
 Slots are made as many at once as the worker may have chunks in flight, then in doublings (at
-most ``MAX_SLOTS`` and ``SLOT_BYTES`` a worker), and kept for the loader's life: the memory
-steps up at the start to what the run needs at once, then stays flat.
+most ``MAX_SLOTS`` and ``SLOT_BYTES`` a worker, and only while half of ``/dev/shm`` stays free:
+a container's 64 MB would otherwise be left full for the loader's life, with no room for
+torch's own hand-offs or NCCL), and kept for the loader's life: the memory steps up at the
+start to what the run needs at once, then stays flat.
 A message packed and then never sent (a new command came first) gives its slots back
 (``take_back``). What the main process cannot see is a view handed on to a third process
 (torch shares the slot's segment with it): such a batch must be copied first (README).
@@ -34,13 +36,28 @@ rounds): 1,447 → 1,723 images/s, 1.38 → 1.15 ms of CPU per image (benchmarks
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
 
 MAX_SLOTS = 32  # slots per worker: chunks in flight (the credits) and what the main process holds
 SLOT_BYTES = 256 << 20  # a worker's slots hold at most this much (its first slot: whatever it needs)
+SHM = "/dev/shm"  # where torch makes shared memory (POSIX shm_open) on Linux
+SHM_KEEP_FREE = 0.5  # slots are made only while this share of SHM's size stays free for others
 LENT = "conveyor-lent"  # the tag of a persistent id naming a slot
+
+
+def shm_room(nbytes: int) -> int | None:
+    """How many slots of ``nbytes`` fit in ``SHM`` leaving ``SHM_KEEP_FREE`` of its size free
+    (for torch's own hand-offs, NCCL, other jobs: a container's 64 MB is soon full); None where
+    there is no such folder to ask (then only ``SLOT_BYTES`` bounds the slots)."""
+    try:
+        st = os.statvfs(SHM)
+    except OSError:
+        return None
+    free, size = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    return max(0, int(free - size * SHM_KEEP_FREE) // nbytes)
 
 
 def _use_count(t: torch.Tensor) -> int:
@@ -94,14 +111,15 @@ class Lender:
     def _grow(self, nbytes: int) -> bool:
         """Add slots of ``nbytes``: ``first`` of them, then as many as there are (doubling),
         so that the most a run needs at once is reached in a few early steps, not one slot at
-        a time over many epochs; within ``MAX_SLOTS`` and ``SLOT_BYTES`` (the first slot always).
-        False when not even one fits."""
+        a time over many epochs; within ``MAX_SLOTS``, ``SLOT_BYTES`` (the first slot always)
+        and the room ``/dev/shm`` has (``shm_room``). False when not even one fits."""
         slots = self.slots
         held = sum(s.numel() for s in slots)
         budget = (SLOT_BYTES - held) // nbytes
         if not slots:
             budget = max(1, budget)  # the first slot always
-        room = min(len(self.flags) - len(slots), budget)
+        shm = shm_room(nbytes)
+        room = min(len(self.flags) - len(slots), budget, budget if shm is None else shm)
         for _ in range(min(len(slots) or self.first, room)):
             slots.append(torch.empty(nbytes, dtype=torch.uint8).share_memory_())
             self.sent.append(False)
