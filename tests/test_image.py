@@ -442,3 +442,27 @@ def test_generator_is_deterministic():
     assert np.array_equal(np.asarray(a), np.asarray(b))
     assert not np.array_equal(np.asarray(a), np.asarray(gen.make_image(4, "val", 2)))
     assert np.asarray(a).std() > 20  # textured, not flat
+
+
+def test_imagenet_specs_take_an_image_folder_of_any_extension(tmp_path):
+    """A user's ImageFolder: .jpg, .JPG, .png and .webp, a stray text file and a hidden one."""
+    from conveyor import load_graph
+    from conveyor import SpecErrors
+
+    src = sorted((SAMPLE / "imagenet-sample/val").glob("*/*.JPEG"))[:6]
+    names = ["a.jpg", "b.JPG", "c.png", "d.webp", "e.jpeg", "f.PNG"]
+    for i, (f, name) in enumerate(zip(src, names)):
+        folder = tmp_path / ("cat" if i % 2 else "dog")
+        folder.mkdir(exist_ok=True)
+        with Image.open(f) as img:
+            img.convert("RGB").save(folder / name)
+    (tmp_path / "cat/README.txt").write_text("not an image")
+    (tmp_path / "dog/.DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    root = Path(__file__).resolve().parents[1] / "specs"
+    for spec in ("imagenet.yaml", "imagenet-eval.yaml"):
+        with load_graph(root / spec, root=str(tmp_path), batch_size=2, image_size=32) as loader:
+            got = [(b["index"].tolist(), b["label"].tolist()) for b in loader]
+        assert sorted(i for idx, _ in got for i in idx) == list(range(6)), spec
+        assert sorted(label for _, labels in got for label in labels) == [0, 0, 0, 1, 1, 1], spec
+    with pytest.raises(SpecErrors, match="param 'extensions'"):
+        load_graph(root / "imagenet.yaml", root=str(tmp_path), **{"files.extensions": []})

@@ -20,7 +20,7 @@ from conveyor.nodes._elastic import Cursor
 from conveyor.nodes.batch import Batch
 from conveyor.nodes.collate import Collate
 from conveyor.nodes.filter import Filter
-from conveyor.nodes.list_files import ListFiles
+from conveyor.nodes.list_files import ListFiles, suffixes
 from conveyor.nodes.map import Map
 from conveyor.nodes.map_batches import MapBatches, wants_rng
 from conveyor.nodes.mix import Mix
@@ -77,15 +77,29 @@ class Stop(str, enum.Enum):
 @dataclass(frozen=True)
 class ListFilesParams:
     url: str = param(doc="fsspec glob: local path, file://, s3://...")
+    extensions: list[str] | None = param(None, doc="keep only names ending in one of these, any case "
+                                                   "([.jpg, .jpeg, .png])")
     label: Label | None = param(None, doc="parent_dir: class index from the parent folder")
     shuffle: bool = param(False, doc="permute the whole listing each epoch")
     seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
     storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
 
 
+def _check_list_files(p: ListFilesParams, n_inputs: int) -> list[tuple[str, str]]:
+    if p.extensions is None:
+        return []
+    try:
+        suffixes(p.extensions)
+    except ValueError:
+        return [("extensions", f"expected a non-empty list of file extensions such as [.jpg, .png], "
+                               f"got {p.extensions!r}")]
+    return []
+
+
 def _build_list_files(p: ListFilesParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
     return ListFiles(url=p.url, label=p.label.value if p.label else None, shuffle=p.shuffle,
-                     seed=ctx.seed_for(p.seed), storage_options=p.storage_options)
+                     seed=ctx.seed_for(p.seed), storage_options=p.storage_options,
+                     extensions=p.extensions)
 
 
 class Equalize(str, enum.Enum):
@@ -299,7 +313,7 @@ def _elastic_prefetch(p: PrefetchParams, ctx: Any, cursor: Cursor) -> Cursor:
 
 LIST_FILES = OpSpec("list_files", ListFilesParams, _build_list_files, "none",
                     "files matching a glob, sorted, as {path, label, index}; a global order "
-                    "(elastic above a shard)",
+                    "(elastic above a shard)", check=_check_list_files,
                     items_in='', items_out='{path, label, index} per file, sorted by path',
                     example='files: {op: list_files, url: "${root}/*/*.JPEG", label: parent_dir, shuffle: true}')
 SHARD = OpSpec("shard", ShardParams, _build_shard, "one", "keep this rank's share; elastic: re-deals what an "

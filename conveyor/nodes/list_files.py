@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import random
+from collections import Counter
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -45,6 +47,27 @@ def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[s
         storage.close()
 
 
+def suffixes(extensions: list[str]) -> tuple[str, ...]:
+    """``[".JPG", "png"]`` as ``(".jpg", ".png")``: lower case, each with its dot."""
+    if isinstance(extensions, str) or not extensions or not all(isinstance(e, str) and e.strip(".")
+                                                                for e in extensions):
+        raise ValueError(f"{extensions=} must be a non-empty list of file extensions, e.g. ['.jpg', '.png']")
+    return tuple("." + e.lower().lstrip(".") for e in extensions)
+
+
+def _with_suffix(paths: list[str], ends: tuple[str, ...], url: str) -> list[str]:
+    """The paths whose name ends in one of ``ends`` (lower case; the names in any case); a
+    ``SourceError`` naming what was found instead when none does."""
+    kept = [p for p in paths if p.lower().endswith(ends)]
+    if not kept:
+        names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths)
+        found = Counter(os.path.splitext(n)[1].lower() or "(none)" for n in names)
+        seen = ", ".join(f"{ext} ({n})" for ext, n in found.most_common(5))
+        raise SourceError(f"list_files: {len(paths)} files match {url!r} but none ends in "
+                          f"{' '.join(ends)} (their extensions: {seen}); set extensions to take them")
+    return kept
+
+
 def _digest(paths: list[str]) -> str:
     """A short digest of the listing, over the paths below their common folder (so that the
     same files under another root, e.g. copied to ``s3://``, give the same digest)."""
@@ -61,6 +84,9 @@ class ListFiles(BaseNode[dict]):
     Args:
         url: a glob, e.g. ``data/train/*/*.JPEG`` or ``s3://bucket/train/*/*.JPEG``; a folder
             without a glob lists every file below it.
+        extensions: keep only the matches whose name ends in one of these, in any case
+            (``[".jpg", ".jpeg", ".png"]`` takes ``a.JPG`` and ``b.jpeg``), as torchvision's
+            ``ImageFolder`` does; None keeps every match.
         label: ``None`` or ``"parent_dir"`` (class index from the parent folder's name).
         shuffle: permute the listing each epoch, seeded by (seed, epoch).
         seed: the shuffle's seed.
@@ -78,11 +104,12 @@ class ListFiles(BaseNode[dict]):
     OP, UNIT, NAMES = "list_files", "file", "paths"  # how messages name the op and its items
 
     def __init__(self, *, url: str, label: str | None = None, shuffle: bool = False, seed: int = 0,
-                 storage_options: dict[str, Any] | None = None):
+                 storage_options: dict[str, Any] | None = None, extensions: list[str] | None = None):
         super().__init__()
         if label not in LABEL_CHOICES:
             raise ValueError(f"{label=} must be one of {LABEL_CHOICES}")
         self.url = url
+        self.extensions = None if extensions is None else suffixes(extensions)
         self.label = label
         self.shuffle = shuffle
         self.seed = seed
@@ -108,6 +135,8 @@ class ListFiles(BaseNode[dict]):
         _, paths = _glob(self.url, self.storage_options)
         if not paths:
             raise SourceError(f"list_files: no file matches {self.url!r} (check the path and the glob)")
+        if self.extensions is not None:
+            paths = _with_suffix(paths, self.extensions, self.url)
         classes: dict[str, int] = {}
         if self.label == "parent_dir":
             names = sorted({p.rstrip("/").rsplit("/", 2)[-2] for p in paths})
