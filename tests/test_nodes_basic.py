@@ -142,14 +142,16 @@ def test_list_files_refuses_a_state_that_no_longer_fits_the_listing(tree: Path):
         {"path": f"{tree.parent}/copy/dogs/b.txt", "label": -1, "index": 3}]
 
 
-def test_list_files_keeps_the_extensions_asked_for_in_any_case(tree: Path):
+def test_list_files_keeps_the_extensions_asked_for_in_any_case(tree: Path, caplog):
     (tree / "cats/Y.TXT").write_text("upper")
     node = ListFiles(url=f"{tree}/*/*", extensions=["txt", ".MD"], label="parent_dir")
     assert [(r["path"][len(str(tree)) + 1:], r["label"]) for r in run(node)] == [
         ("birds/x.txt", 0), ("cats/Y.TXT", 1), ("cats/notes.md", 1), ("cats/z.txt", 1),
         ("dogs/a.txt", 2), ("dogs/b.txt", 2)]
+    assert "left out" not in caplog.text
     only_md = ListFiles(url=f"{tree}/*/*", extensions=[".md"], label="parent_dir")
     assert [(r["path"][len(str(tree)) + 1:], r["label"]) for r in run(only_md)] == [("cats/notes.md", 0)]
+    assert "5 of the 6 files matching" in caplog.text and "(.txt (5))" in caplog.text  # not silently
     with pytest.raises(SourceError) as info:  # what is there instead is named
         ListFiles(url=f"{tree}/*/*", extensions=[".jpg", ".png"]).reset()
     assert "none ends in .jpg .png" in str(info.value) and ".txt (5)" in str(info.value)

@@ -56,15 +56,19 @@ def suffixes(extensions: list[str]) -> tuple[str, ...]:
 
 
 def _with_suffix(paths: list[str], ends: tuple[str, ...], url: str) -> list[str]:
-    """The paths whose name ends in one of ``ends`` (lower case; the names in any case); a
-    ``SourceError`` naming what was found instead when none does."""
+    """The paths whose name ends in one of ``ends`` (lower case; the names in any case). What
+    is left out is named: in a warning, or in a ``SourceError`` when nothing is kept."""
     kept = [p for p in paths if p.lower().endswith(ends)]
+    if len(kept) == len(paths):
+        return kept
+    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths if not p.lower().endswith(ends))
+    found = Counter(os.path.splitext(n)[1].lower() or "(none)" for n in names)
+    seen = ", ".join(f"{ext} ({n})" for ext, n in found.most_common(5))
     if not kept:
-        names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths)
-        found = Counter(os.path.splitext(n)[1].lower() or "(none)" for n in names)
-        seen = ", ".join(f"{ext} ({n})" for ext, n in found.most_common(5))
         raise SourceError(f"list_files: {len(paths)} files match {url!r} but none ends in "
                           f"{' '.join(ends)} (their extensions: {seen}); set extensions to take them")
+    log.warning("list_files: %d of the %d files matching %r are left out, not ending in %s (%s)",
+                len(paths) - len(kept), len(paths), url, " ".join(ends), seen)
     return kept
 
 
