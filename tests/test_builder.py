@@ -37,6 +37,17 @@ def test_a_graph_is_the_same_plan_as_the_bundled_spec():
         assert len(a) == 10
 
 
+def test_paths_are_taken_as_strings_in_node_params_and_overrides():
+    graph = (Graph(params={"root": "elsewhere", "batch_size": 8})
+             .node("files", "list_files", url=NUMBERS / "*" / "*.txt", label="parent_dir")
+             .node("parse", "map", fn=read_numbers)
+             .node("batch", "batch", size="${batch_size}", drop_last=False)
+             .node("collate", "collate"))
+    assert graph.check().nodes["files"].params.url == f"{NUMBERS}/*/*.txt"
+    with graph.load(root=NUMBERS.parent) as loader:
+        assert sum(len(b["label"]) for b in loader) == 40
+
+
 def test_to_yaml_round_trips_to_the_identical_graph(tmp_path):
     graph = numbers_graph()
     path = tmp_path / "numbers.yaml"

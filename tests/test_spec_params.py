@@ -87,6 +87,16 @@ def test_an_int_is_accepted_for_a_float_param(write_spec):
     assert plan.nodes["parse"].params.args["deep"][0]["lr"] == 2.0
 
 
+def test_a_path_object_is_taken_as_its_string(write_spec, tmp_path):
+    from pathlib import Path
+    plan = conveyor.check_spec(write_spec(SPEC), {"root": tmp_path / "train", "files.url": Path("x/*.txt"),
+                                                  "tag": Path("v2")})
+    assert plan.params["root"] == str(tmp_path / "train") and plan.params["tag"] == "v2"
+    assert plan.nodes["files"].params.url == "x/*.txt"
+    with pytest.raises(SpecErrors, match="override expects an int"):
+        conveyor.check_spec(write_spec(SPEC), {"batch_size": Path("8")})
+
+
 def test_set_overrides_reach_the_plan(write_spec):
     path = write_spec(SPEC)
     overrides = parse_set(["batch_size=16", "lr=1e-3", "flip=true", "sizes=[8, 9]", "tag=007"],

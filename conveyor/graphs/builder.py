@@ -50,9 +50,12 @@ def _call_site(depth: int) -> tuple[str, int, int]:
 
 
 def _plain(value: Any, what: str) -> Any:
-    """A param value as spec data: callables as ``module:attr``, enums as values, tuples as lists."""
+    """A param value as spec data: callables as ``module:attr``, enums as values, tuples as lists,
+    paths (``os.PathLike``) as strings."""
     if isinstance(value, enum.Enum):
         return value.value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
     if isinstance(value, (list, tuple)):
         return [_plain(v, what) for v in value]
     if isinstance(value, dict):

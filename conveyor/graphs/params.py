@@ -285,7 +285,8 @@ def split_overrides(overrides: Mapping[str, Any], declared: Mapping[str, Any],
 
     A key is a node-param override when it is not a declared param and its part before the
     first ``.`` names a node (or, if no node has that name, it still has a ``.``: then the
-    validator says that no such node exists).
+    validator says that no such node exists). A ``pathlib.Path`` (any ``os.PathLike``) is
+    taken as its string, as ``open()`` takes it: ``load_graph(spec, root=Path("data"))``.
 
     Returns:
         (param overrides, {(node, param): value}).
@@ -293,6 +294,8 @@ def split_overrides(overrides: Mapping[str, Any], declared: Mapping[str, Any],
     params: dict[str, Any] = {}
     node_params: dict[tuple[str, str], Any] = {}
     for key, value in overrides.items():
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
         node, dot, name = key.partition(".")
         if key in declared or not dot:
             params[key] = value
