@@ -3,11 +3,14 @@
     conveyor pack examples/data/imagenet-sample/train /data/shards/train --shard-size 256MB
     conveyor pack s3://bucket/imagenet/train s3://bucket/imagenet-shards/train
 
-``SRC`` is ``<class>/<image>`` (local or any fsspec URL); classes are the folder names in
+``SRC`` is ``<class>/<image>`` (local or any fsspec URL; images are the files ``ImageFolder``
+takes, ``.jpg .jpeg .png .webp .bmp .ppm .pgm .tif .tiff`` in any case, and a warning names
+what else is left out); classes are the folder names in
 sorted order, numbered from 0 as ``list_files(label: parent_dir)`` and torchvision's
 ``ImageFolder`` number them. Each image becomes two members, ``KEY.jpg`` (the file's bytes,
 as stored; other formats keep their extension) and ``KEY.cls`` (the class number in ASCII),
-where ``KEY`` is the file name without its extension. Samples go into ``shard-000000.tar``,
+where ``KEY`` is ``<class>/<name>``, the name up to its first dot (WebDataset's rule; names
+need only be unique within a class folder). Samples go into ``shard-000000.tar``,
 ``shard-000001.tar``, ... in sorted order, a new shard starting before one would pass
 ``--shard-size``. ``DST/index.json`` lists the shards (name, samples, bytes, sha256, index of
 the first sample), the total and the classes; ``read_tar`` checks each shard's sample count
@@ -43,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import ConveyorError, SourceError
+from conveyor.nodes.list_files import IMAGE_EXTENSIONS, with_suffix
 from conveyor.shrink import DEFAULT_QUALITY, shrink
 from conveyor.storage import RetryPolicy, Storage, is_local, parse_size, redact
 
@@ -89,8 +93,8 @@ def _join(root: str, name: str) -> str:
 
 def list_samples(storage: Storage, src: str) -> tuple[list[_Sample], list[str]]:
     """The images under ``src/<class>/`` in sorted order, and the sorted class names."""
-    files = [u for u in storage.glob(_join(src, "*/*"))
-             if not u.rsplit("/", 1)[-1].startswith(".")]
+    pattern = _join(src, "*/*")
+    files = with_suffix(storage.glob(pattern), IMAGE_EXTENSIONS, redact(pattern), who="pack")
     classes = sorted({u.rsplit("/", 2)[-2] for u in files})
     number = {c: i for i, c in enumerate(classes)}
     samples, seen = [], {}
@@ -100,10 +104,13 @@ def list_samples(storage: Storage, src: str) -> tuple[list[_Sample], list[str]]:
         ext = ext.rsplit(".", 1)[-1].lower() if dot else ""
         if not ext:
             continue  # no extension: not an image file
-        key = stem  # the key is everything before the first dot (WebDataset's rule)
+        # the key is the class folder and the name before its first dot (WebDataset's rule), so
+        # that 0001.jpg in every class folder (Caltech-101's layout) gives samples of their own
+        key = f"{url.rsplit('/', 2)[-2]}/{stem}"
         if key in seen:
             raise ConveyorError(f"pack: {redact(url)} and {redact(seen[key])} would share the key "
-                                f"{key!r}; file names (before the first dot) must be unique")
+                                f"{key!r}; file names in a class folder (before the first dot) must "
+                                "be unique")
         seen[key] = url
         samples.append(_Sample(url, key, _EXT.get(ext, ext), number[url.rsplit("/", 2)[-2]]))
     return samples, classes

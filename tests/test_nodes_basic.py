@@ -154,7 +154,8 @@ def test_list_files_keeps_the_extensions_asked_for_in_any_case(tree: Path, caplo
     assert "5 of the 6 files matching" in caplog.text and "(.txt (5))" in caplog.text  # not silently
     with pytest.raises(SourceError) as info:  # what is there instead is named
         ListFiles(url=f"{tree}/*/*", extensions=[".jpg", ".png"]).reset()
-    assert "none ends in .jpg .png" in str(info.value) and ".txt (5)" in str(info.value)
+    assert "none is a visible file ending in .jpg .png (found: .txt (5), .md (1))" in str(info.value)
+    assert "set extensions to take them" in str(info.value)
     for bad in ([], ".jpg", [""], [3]):
         with pytest.raises(ValueError, match="extensions"):
             ListFiles(url=f"{tree}/*", extensions=bad)

@@ -58,7 +58,8 @@ def test_pack_layout_index_and_fixed_headers(shards: Path) -> None:
     with tarfile.open(shards / "shard-000000.tar") as tf:
         members = tf.getmembers()
         first = files[0]
-        assert members[0].name == first.stem + ".jpg" and members[1].name == first.stem + ".cls"
+        key = f"{first.parent.name}/{first.stem}"  # the class folder and the name: unique
+        assert members[0].name == key + ".jpg" and members[1].name == key + ".cls"
         assert tf.extractfile(members[0]).read() == first.read_bytes()
         assert tf.extractfile(members[1]).read() == b"0"
         assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, 0, "", "", 0o644)}
@@ -108,7 +109,7 @@ def test_pack_resize_shrinks_big_images_keeps_small_ones_labels_and_counts(tmp_p
     index = json.loads((out / "index.json").read_text())
     assert index["samples"] == 5 and index["resize"] == {"shorter_side": 200, "quality": 85}
     assert index["fields"] == ["cls", "jpg"]  # the PNG was re-encoded as JPEG
-    got = {s["__key__"]: s for s in ReadTar(ListFiles(url=f"{out}/*.tar"), fields=["jpg", "cls"])}
+    got = {s["__key__"].split("/")[1]: s for s in ReadTar(ListFiles(url=f"{out}/*.tar"), fields=["jpg", "cls"])}
     expected = {"wide": (600, 200), "tall": (200, 561), "small": (120, 90), "edge": (300, 200),
                 "gray": (267, 200)}
     for key, (cls, size) in made.items():
@@ -125,12 +126,21 @@ def test_pack_resize_shrinks_big_images_keeps_small_ones_labels_and_counts(tmp_p
         pack(str(src), str(tmp_path / "o3"), resize=200)
 
 
-def test_pack_refuses_keys_that_collide(tmp_path: Path) -> None:
-    for cls in ("a", "b"):
+def test_pack_keys_samples_by_class_folder_and_name(tmp_path: Path, caplog) -> None:
+    for cls in ("a", "b"):  # the same name in every class folder, as Caltech-101 has
         (tmp_path / "src" / cls).mkdir(parents=True)
-        (tmp_path / "src" / cls / "same.jpg").write_bytes(b"x")
-    with pytest.raises(ConveyorError, match="would share the key 'same'"):
-        pack(str(tmp_path / "src"), str(tmp_path / "dst"))
+        (tmp_path / "src" / cls / "0001.jpg").write_bytes(cls.encode())
+    pack(str(tmp_path / "src"), str(tmp_path / "dst"))
+    got = [(s["__key__"], s["jpg"], s["cls"]) for s in ReadTar(ListFiles(url=f"{tmp_path}/dst/*.tar"))]
+    assert got == [("a/0001", b"a", 0), ("b/0001", b"b", 1)]
+    (tmp_path / "src" / "a" / "README.txt").write_text("not an image")
+    (tmp_path / "src" / "a" / "._0001.jpg").write_bytes(b"a macOS resource fork")
+    pack(str(tmp_path / "src"), str(tmp_path / "dst1"))  # both left out, and named in a warning
+    assert (tmp_path / "dst1/shard-000000.tar").read_bytes() == (tmp_path / "dst/shard-000000.tar").read_bytes()
+    assert "pack: 2 of the 4 files" in caplog.text and ".txt (1)" in caplog.text and "hidden (1)" in caplog.text
+    (tmp_path / "src" / "b" / "0001.png").write_bytes(b"x")
+    with pytest.raises(ConveyorError, match="would share the key 'b/0001'"):
+        pack(str(tmp_path / "src"), str(tmp_path / "dst2"))
 
 
 def test_read_tar_yields_every_sample_with_its_bytes_label_and_stable_index(shards: Path) -> None:
@@ -138,7 +148,7 @@ def test_read_tar_yields_every_sample_with_its_bytes_label_and_stable_index(shar
     classes = sorted(p.name for p in SAMPLE.iterdir())
     index = json.loads((shards / "index.json").read_text())
     samples = list(ReadTar(ListFiles(url=f"{shards}/*.tar")))
-    assert [s["__key__"] for s in samples] == [f.stem for f in files]
+    assert [s["__key__"] for s in samples] == [f"{f.parent.name}/{f.stem}" for f in files]
     assert all(s["jpg"] == f.read_bytes() for s, f in zip(samples, files))
     assert [s["cls"] for s in samples] == [classes.index(f.parent.name) for f in files]
     expected = [i * 1_000_000 + pos for i, shard in enumerate(index["shards"]) for pos in range(shard["samples"])]

@@ -55,20 +55,33 @@ def suffixes(extensions: list[str]) -> tuple[str, ...]:
     return tuple("." + e.lower().lstrip(".") for e in extensions)
 
 
-def _with_suffix(paths: list[str], ends: tuple[str, ...], url: str) -> list[str]:
-    """The paths whose name ends in one of ``ends`` (lower case; the names in any case). What
-    is left out is named: in a warning, or in a ``SourceError`` when nothing is kept."""
-    kept = [p for p in paths if p.lower().endswith(ends)]
-    if len(kept) == len(paths):
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".pgm", ".tif", ".tiff")
+"""What torchvision's ``ImageFolder`` takes (any case): the imagenet specs' and ``pack``'s list."""
+
+
+def with_suffix(paths: list[str], ends: tuple[str, ...], url: str, who: str = "list_files",
+                hint: str = "") -> list[str]:
+    """The paths whose name ends in one of ``ends`` (lower case; the names in any case) and is
+    not hidden (``._x.jpg``: macOS's resource forks). What is left out is named: in a warning,
+    or in a ``SourceError`` when nothing is kept."""
+    kept: list[str] = []
+    left: Counter = Counter()  # what is left out: "hidden" or the extension
+    for p in paths:
+        name = p.rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith("."):
+            left["hidden"] += 1
+        elif name.lower().endswith(ends):
+            kept.append(p)
+        else:
+            left[os.path.splitext(name)[1].lower() or "(none)"] += 1
+    if not left:
         return kept
-    names = (p.rstrip("/").rsplit("/", 1)[-1] for p in paths if not p.lower().endswith(ends))
-    found = Counter(os.path.splitext(n)[1].lower() or "(none)" for n in names)
-    seen = ", ".join(f"{ext} ({n})" for ext, n in found.most_common(5))
+    seen = ", ".join(f"{ext} ({n})" for ext, n in left.most_common(5))
     if not kept:
-        raise SourceError(f"list_files: {len(paths)} files match {url!r} but none ends in "
-                          f"{' '.join(ends)} (their extensions: {seen}); set extensions to take them")
-    log.warning("list_files: %d of the %d files matching %r are left out, not ending in %s (%s)",
-                len(paths) - len(kept), len(paths), url, " ".join(ends), seen)
+        raise SourceError(f"{who}: {len(paths)} files match {url!r} but none is a visible file ending "
+                          f"in {' '.join(ends)} (found: {seen}){hint}")
+    log.warning("%s: %d of the %d files matching %r are left out, hidden or not ending in %s (%s)",
+                who, len(paths) - len(kept), len(paths), url, " ".join(ends), seen)
     return kept
 
 
@@ -140,7 +153,7 @@ class ListFiles(BaseNode[dict]):
         if not paths:
             raise SourceError(f"list_files: no file matches {self.url!r} (check the path and the glob)")
         if self.extensions is not None:
-            paths = _with_suffix(paths, self.extensions, self.url)
+            paths = with_suffix(paths, self.extensions, self.url, hint="; set extensions to take them")
         classes: dict[str, int] = {}
         if self.label == "parent_dir":
             names = sorted({p.rstrip("/").rsplit("/", 2)[-2] for p in paths})
