@@ -431,6 +431,14 @@ class Storage:
     def size(self, url: str) -> int:
         return int(self.call(url, "size"))
 
+    def glob_root(self, url: str) -> str:
+        """The part of the glob ``url`` before its first wildcard, up to a ``/``, in the form
+        ``glob`` gives its matches: every match starts with it and a ``/``."""
+        fs, path = self.resolve(url)
+        magic = re.search(r"[*?\[]", path)
+        root = path[:magic.start()].rsplit("/", 1)[0] if magic is not None else path
+        return _full_url(fs, root.rstrip("/"), url)
+
     def glob(self, url: str) -> list[str]:
         """Files matching ``url`` (a glob: ``*``, ``?``, ``[...]``, ``**``), sorted, as full URLs
         (plain paths when local).

@@ -459,6 +459,8 @@ def test_imagenet_specs_take_an_image_folder_of_any_extension(tmp_path):
     (tmp_path / "cat/README.txt").write_text("not an image")
     (tmp_path / "dog/.DS_Store").write_bytes(b"\0\0\0\1Bud1")
     (tmp_path / "dog/._a.jpg").write_bytes(b"\0\5\26\7 macOS resource fork")  # ends in .jpg, hidden
+    (tmp_path / "dog/more").mkdir()
+    (tmp_path / "dog/e.jpeg").rename(tmp_path / "dog/more/e.jpeg")  # ImageFolder: still a dog
     root = Path(__file__).resolve().parents[1] / "specs"
     for spec in ("imagenet.yaml", "imagenet-eval.yaml"):
         with load_graph(root / spec, root=str(tmp_path), batch_size=2, image_size=32) as loader:

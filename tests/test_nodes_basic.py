@@ -161,6 +161,23 @@ def test_list_files_keeps_the_extensions_asked_for_in_any_case(tree: Path, caplo
             ListFiles(url=f"{tree}/*", extensions=bad)
 
 
+def test_list_files_top_dir_labels_as_imagefolder(tree: Path, monkeypatch):
+    (tree / "cats/kittens").mkdir()
+    (tree / "cats/kittens/k.txt").write_text("nested")  # ImageFolder: a cat, like cats/z.txt
+    want = [("birds/x.txt", 0), ("cats/kittens/k.txt", 1), ("cats/notes.md", 1), ("cats/z.txt", 1),
+            ("dogs/a.txt", 2), ("dogs/b.txt", 2)]
+    monkeypatch.chdir(tree.parent)
+    for url in (f"{tree}/*/**", f"file://{tree}/*/**", f"{tree.name}/*/**", f"{tree}/./*/**"):
+        node = ListFiles(url=url, label="top_dir")
+        got = [(r["path"].split(f"{tree.name}/", 1)[1].removeprefix("./"), r["label"]) for r in run(node)]
+        assert got == want, url
+        assert node.classes == ["birds", "cats", "dogs"]
+    parent = [r["label"] for r in run(ListFiles(url=f"{tree}/*/**", label="parent_dir"))]
+    assert parent == [0, 3, 1, 1, 2, 2]  # kittens would be a class of its own
+    with pytest.raises(SourceError, match="top.txt' is not in a folder below"):
+        ListFiles(url=str(tree), label="top_dir").reset()  # a folder: top.txt has no class folder
+
+
 def test_list_files_refuses_an_unknown_label():
     with pytest.raises(ValueError, match="label='folder'"):
         ListFiles(url="x/*", label="folder")

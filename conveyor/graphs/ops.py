@@ -49,8 +49,15 @@ class BuildContext:
         return self.seed if seed is None else seed
 
 
-class Label(str, enum.Enum):
+class KeyLabel(str, enum.Enum):
+    """Where a listed name's class comes from, for listings of keys (list_lmdb)."""
     parent_dir = "parent_dir"
+
+
+class Label(str, enum.Enum):
+    """... and for listings of files (list_files), which may also take ImageFolder's rule."""
+    parent_dir = "parent_dir"
+    top_dir = "top_dir"
 
 
 class ShardBy(str, enum.Enum):
@@ -79,7 +86,9 @@ class ListFilesParams:
     url: str = param(doc="fsspec glob: local path, file://, s3://...")
     extensions: list[str] | None = param(None, doc="keep only names ending in one of these, any case "
                                                    "([.jpg, .jpeg, .png])")
-    label: Label | None = param(None, doc="parent_dir: class index from the parent folder")
+    label: Label | None = param(None, doc="parent_dir: class index from the parent folder; top_dir: "
+                                          "from the first folder below the url's fixed part "
+                                          "(ImageFolder's root/<class>/**)")
     shuffle: bool = param(False, doc="permute the whole listing each epoch")
     seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
     storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")

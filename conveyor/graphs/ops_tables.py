@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torchdata.nodes import BaseNode
 
-from conveyor.graphs.ops import BuildContext, Label, OnError, elastic_through
+from conveyor.graphs.ops import BuildContext, KeyLabel, OnError, elastic_through
 from conveyor.graphs.registry import OpSpec, param
 
 
@@ -53,7 +53,7 @@ class ListLmdbParams:
     prefix: str | None = param(None, doc="only keys starting with this")
     start: str | None = param(None, doc="the first key (inclusive)")
     stop: str | None = param(None, doc="the key to stop before (exclusive)")
-    label: Label | None = param(None, doc="parent_dir: class index from the key's parent 'folder'")
+    label: KeyLabel | None = param(None, doc="parent_dir: class index from the key's parent 'folder'")
     shuffle: bool = param(False, doc="permute the whole listing each epoch")
     seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
 

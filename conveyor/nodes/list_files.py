@@ -19,32 +19,50 @@ import logging
 import os
 import random
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SourceError, StateError
 from conveyor.nodes._rng import derive_seed
-from conveyor.storage import Storage, protocol_of
+from conveyor.storage import Storage
 
 log = logging.getLogger(__name__)
 
-LABEL_CHOICES = (None, "parent_dir")
+LABEL_CHOICES = (None, "parent_dir", "top_dir")
 
 
 def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[str]]:
-    """The sorted matches of ``url`` (a folder: every file below it), listed through
-    ``conveyor.storage``: transient errors are retried, a folder that fails to list is an
-    error (fsspec's glob silently leaves it out), a missing bucket or an empty match is a
-    ``SourceError`` naming the URL."""
+    """The fixed part of ``url`` before its wildcards (``Storage.glob_root``) and the sorted
+    matches of ``url`` (a folder: every file below it), listed through ``conveyor.storage``:
+    transient errors are retried, a folder that fails to list is an error (fsspec's glob
+    silently leaves it out), a missing bucket or an empty match is a ``SourceError`` naming
+    the URL."""
     storage = Storage(storage_options=storage_options)
     try:
         pattern = url
         if not any(c in url for c in "*?[") and storage.call(url, "isdir"):
             pattern = url.rstrip("/") + "/**"  # a folder: every file below it
-        return protocol_of(url), storage.glob(pattern)
+        return storage.glob_root(pattern), storage.glob(pattern)
     finally:
         storage.close()
+
+
+def _classes_by(label: str | None, root: str, url: str) -> Callable[[str], str] | None:
+    """What names a path's class: its parent folder, or the first folder below ``root``."""
+    if label == "parent_dir":
+        return lambda p: p.rstrip("/").rsplit("/", 2)[-2]
+    if label != "top_dir":
+        return None
+
+    def top(p: str) -> str:
+        head, slash, rest = p[len(root) + 1:].partition("/")
+        if not p.startswith(root + "/") or not slash:
+            raise SourceError(f"list_files: {p!r} is not in a folder below {root!r}, the part of "
+                              f"{url!r} before its wildcards: label top_dir takes that folder as the class")
+        return head
+
+    return top
 
 
 def suffixes(extensions: list[str]) -> tuple[str, ...]:
@@ -104,7 +122,10 @@ class ListFiles(BaseNode[dict]):
         extensions: keep only the matches whose name ends in one of these, in any case
             (``[".jpg", ".jpeg", ".png"]`` takes ``a.JPG`` and ``b.jpeg``), as torchvision's
             ``ImageFolder`` does; None keeps every match.
-        label: ``None`` or ``"parent_dir"`` (class index from the parent folder's name).
+        label: ``None``; ``"parent_dir"`` (class index from the parent folder's name); or
+            ``"top_dir"`` (from the first folder below the url's part before its wildcards, as
+            ``ImageFolder`` numbers ``root/<class>/**``: images in subfolders of a class folder
+            are that class's).
         shuffle: permute the listing each epoch, seeded by (seed, epoch).
         seed: the shuffle's seed.
         storage_options: passed to fsspec (endpoint, credentials); never logged.
@@ -149,16 +170,15 @@ class ListFiles(BaseNode[dict]):
 
     def _list(self) -> tuple[list[str], list[dict]]:
         """(the sorted paths, their records); sets ``classes``."""
-        _, paths = _glob(self.url, self.storage_options)
+        root, paths = _glob(self.url, self.storage_options)
         if not paths:
             raise SourceError(f"list_files: no file matches {self.url!r} (check the path and the glob)")
         if self.extensions is not None:
             paths = with_suffix(paths, self.extensions, self.url, hint="; set extensions to take them")
-        classes: dict[str, int] = {}
-        if self.label == "parent_dir":
-            names = sorted({p.rstrip("/").rsplit("/", 2)[-2] for p in paths})
-            classes = {n: i for i, n in enumerate(names)}
-        records = [{"path": p, "label": classes[p.rstrip("/").rsplit("/", 2)[-2]] if classes else -1, "index": i}
+        class_of = _classes_by(self.label, root, self.url)
+        names = [class_of(p) for p in paths] if class_of else []
+        classes = {n: i for i, n in enumerate(sorted(set(names)))}
+        records = [{"path": p, "label": classes[names[i]] if names else -1, "index": i}
                    for i, p in enumerate(paths)]
         self.classes = sorted(classes, key=classes.__getitem__)
         log.debug("list_files: %d files, %d classes", len(paths), len(classes))

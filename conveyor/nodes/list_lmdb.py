@@ -49,6 +49,8 @@ class ListLmdb(ListFiles):
 
     def __init__(self, *, path: str, prefix: str | None = None, start: str | None = None,
                  stop: str | None = None, label: str | None = None, shuffle: bool = False, seed: int = 0):
+        if label == "top_dir":
+            raise ValueError(f"{label=}: list_lmdb takes None or 'parent_dir'")
         if start is not None and stop is not None and start >= stop:
             raise ValueError(f"{start=} must come before {stop=}")
         super().__init__(url=path, label=label, shuffle=shuffle, seed=seed)
