@@ -3,14 +3,14 @@
     conveyor pack examples/data/imagenet-sample/train /data/shards/train --shard-size 256MB
     conveyor pack s3://bucket/imagenet/train s3://bucket/imagenet-shards/train
 
-``SRC`` is ``<class>/<image>`` (local or any fsspec URL; images are the files ``ImageFolder``
+``SRC`` is ``<class>/**/<image>`` (local or any fsspec URL; images are the files ``ImageFolder``
 takes, ``.jpg .jpeg .png .webp .bmp .ppm .pgm .tif .tiff`` in any case, and a warning names
 what else is left out); classes are the folder names in
-sorted order, numbered from 0 as ``list_files(label: parent_dir)`` and torchvision's
+sorted order, numbered from 0 as ``list_files(label: top_dir)`` and torchvision's
 ``ImageFolder`` number them. Each image becomes two members, ``KEY.jpg`` (the file's bytes,
 as stored; other formats keep their extension) and ``KEY.cls`` (the class number in ASCII),
-where ``KEY`` is ``<class>/<name>``, the name up to its first dot (WebDataset's rule; names
-need only be unique within a class folder). Samples go into ``shard-000000.tar``,
+where ``KEY`` is the path below ``SRC`` up to the name's first dot (``<class>/<name>``:
+WebDataset's rule; names need only be unique within a folder). Samples go into ``shard-000000.tar``,
 ``shard-000001.tar``, ... in sorted order, a new shard starting before one would pass
 ``--shard-size``. ``DST/index.json`` lists the shards (name, samples, bytes, sha256, index of
 the first sample), the total and the classes; ``read_tar`` checks each shard's sample count
@@ -92,27 +92,27 @@ def _join(root: str, name: str) -> str:
 
 
 def list_samples(storage: Storage, src: str) -> tuple[list[_Sample], list[str]]:
-    """The images under ``src/<class>/`` in sorted order, and the sorted class names."""
-    pattern = _join(src, "*/*")
+    """The images under ``src/<class>/`` (subfolders included, as ``ImageFolder`` takes them) in
+    sorted order, and the sorted class names."""
+    pattern = _join(src, "*/**")
     files = with_suffix(storage.glob(pattern), IMAGE_EXTENSIONS, redact(pattern), who="pack")
-    classes = sorted({u.rsplit("/", 2)[-2] for u in files})
+    root = storage.glob_root(pattern)
+    rel = [u[len(root) + 1:] for u in files]  # <class>/.../<name>.<ext>
+    classes = sorted({r.split("/", 1)[0] for r in rel})
     number = {c: i for i, c in enumerate(classes)}
     samples, seen = [], {}
-    for url in files:
-        base = url.rsplit("/", 1)[-1]
-        stem, dot, ext = base.partition(".")
-        ext = ext.rsplit(".", 1)[-1].lower() if dot else ""
-        if not ext:
-            continue  # no extension: not an image file
-        # the key is the class folder and the name before its first dot (WebDataset's rule), so
-        # that 0001.jpg in every class folder (Caltech-101's layout) gives samples of their own
-        key = f"{url.rsplit('/', 2)[-2]}/{stem}"
+    for url, path in zip(files, rel):
+        folder, _, base = path.rpartition("/")
+        stem, _, ext = base.partition(".")  # with_suffix kept only names with an extension
+        # the key is the path below SRC up to the name's first dot (WebDataset's rule), so that
+        # 0001.jpg in every class folder (Caltech-101's layout) gives samples of their own
+        key = f"{folder}/{stem}"
         if key in seen:
             raise ConveyorError(f"pack: {redact(url)} and {redact(seen[key])} would share the key "
-                                f"{key!r}; file names in a class folder (before the first dot) must "
-                                "be unique")
+                                f"{key!r}; file names in a folder (before the first dot) must be unique")
         seen[key] = url
-        samples.append(_Sample(url, key, _EXT.get(ext, ext), number[url.rsplit("/", 2)[-2]]))
+        ext = ext.rsplit(".", 1)[-1].lower()
+        samples.append(_Sample(url, key, _EXT.get(ext, ext), number[path.split("/", 1)[0]]))
     return samples, classes
 
 

@@ -24,6 +24,13 @@ from conveyor.storage import RetryPolicy, Storage, is_local, redact
 COMMIT_EVERY = 512  # images per write transaction
 
 
+def _key(sample: Any, name: str, cls: str) -> bytes:
+    """``<class>/<name>``: one level, so that list_lmdb's parent_dir is the class; an image in
+    a subfolder of its class folder is ``<class>/<sub>_<name>``."""
+    inner = sample.key.split("/")[1:-1]  # the subfolders below the class folder
+    return "/".join((cls, "_".join((*inner, name)))).encode("utf-8")
+
+
 def pack_lmdb(src: str, dst: str, *, concurrency: int = 16, overwrite: bool = False,
               retry: RetryPolicy | None = None, transform: Any = None) -> dict[str, Any]:
     """Write ``src/<class>/<image>`` into an LMDB environment at ``dst``.
@@ -67,8 +74,10 @@ def pack_lmdb(src: str, dst: str, *, concurrency: int = 16, overwrite: bool = Fa
                 name = s.url.rsplit("/", 1)[-1]
                 if transform is not None:
                     data = transform(data, name)
-                key = f"{classes[s.label]}/{name}".encode("utf-8")
-                txn.put(key, data)
+                key = _key(s, name, classes[s.label])
+                if not txn.put(key, data, overwrite=False):
+                    raise ConveyorError(f"pack: {redact(s.url)} would be stored under the key "
+                                        f"{key.decode()!r} of another image")
                 total += len(data)
                 if (i + 1) % COMMIT_EVERY == 0:
                     txn.commit()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conveyor import SampleError, SpecErrors, load_graph
-from conveyor.errors import SourceError, StateError
+from conveyor.errors import ConveyorError, SourceError, StateError
 from conveyor.nodes.list_files import ListFiles
 from conveyor.nodes.list_lmdb import ListLmdb
 from conveyor.nodes.read_lmdb import ReadLmdb
@@ -158,6 +158,19 @@ def test_pack_lmdb_holds_every_image_with_its_class(lmdb_env: Path) -> None:
     assert len(some) == 20 and all(r["key"].startswith("n02102040/") for r in some)
     rng = ListLmdb(path=str(lmdb_env), start="n02102040", stop="n02979186").records()
     assert [r["key"] for r in rng] == [r["key"] for r in some]
+
+
+def test_pack_lmdb_takes_subfolders_of_a_class_folder_and_never_overwrites(tmp_path: Path) -> None:
+    for rel in ("a/1.jpg", "a/sub/1.jpg", "b/1.jpg"):  # ImageFolder: two a's, one b
+        (tmp_path / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / rel).write_bytes(rel.encode())
+    pack_lmdb(str(tmp_path / "src"), str(tmp_path / "one.lmdb"))
+    got = [(r["key"], r["label"], r["bytes"]) for r in ReadLmdb(ListLmdb(path=str(tmp_path / "one.lmdb"),
+                                                                         label="parent_dir"))]
+    assert got == [("a/1.jpg", 0, b"a/1.jpg"), ("a/sub_1.jpg", 0, b"a/sub/1.jpg"), ("b/1.jpg", 1, b"b/1.jpg")]
+    (tmp_path / "src/a/sub_1.jpg").write_bytes(b"its key is taken")
+    with pytest.raises(ConveyorError, match="would be stored under the key 'a/sub_1.jpg' of another image"):
+        pack_lmdb(str(tmp_path / "src"), str(tmp_path / "two.lmdb"))
 
 
 def test_an_imagenet_graph_over_lmdb_decodes_and_resumes(lmdb_env: Path, write_spec) -> None:
