@@ -3,9 +3,9 @@
     conveyor pack examples/data/imagenet-sample/train /data/shards/train --shard-size 256MB
     conveyor pack s3://bucket/imagenet/train s3://bucket/imagenet-shards/train
 
-``SRC`` is ``<class>/**/<image>`` (local or any fsspec URL; images are the files ``ImageFolder``
-takes, ``.jpg .jpeg .png .webp .bmp .ppm .pgm .tif .tiff`` in any case, and a warning names
-what else is left out); classes are the folder names in
+``SRC`` is ``<class>/**/<image>`` (local or any fsspec URL): every visible file with an
+extension, or with ``--extensions .jpg,.png`` only those (any case), a warning naming what is
+left out; classes are the folder names in
 sorted order, numbered from 0 as ``list_files(label: top_dir)`` and torchvision's
 ``ImageFolder`` number them. Each image becomes two members, ``KEY.jpg`` (the file's bytes,
 as stored; other formats keep their extension) and ``KEY.cls`` (the class number in ASCII),
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import ConveyorError, SourceError
-from conveyor.nodes.list_files import IMAGE_EXTENSIONS, with_suffix
+from conveyor.nodes.list_files import suffixes, with_suffix
 from conveyor.shrink import DEFAULT_QUALITY, shrink
 from conveyor.storage import RetryPolicy, Storage, is_local, parse_size, redact
 
@@ -91,11 +91,13 @@ def _join(root: str, name: str) -> str:
     return root.rstrip("/") + "/" + name
 
 
-def list_samples(storage: Storage, src: str) -> tuple[list[_Sample], list[str]]:
-    """The images under ``src/<class>/`` (subfolders included, as ``ImageFolder`` takes them) in
-    sorted order, and the sorted class names."""
+def list_samples(storage: Storage, src: str,
+                 extensions: list[str] | None = None) -> tuple[list[_Sample], list[str]]:
+    """The files under ``src/<class>/`` (subfolders included, as ``ImageFolder`` takes them)
+    with one of ``extensions`` (None: any), in sorted order, and the sorted class names."""
     pattern = _join(src, "*/**")
-    files = with_suffix(storage.glob(pattern), IMAGE_EXTENSIONS, redact(pattern), who="pack")
+    ends = None if extensions is None else suffixes(extensions)
+    files = with_suffix(storage.glob(pattern), ends, redact(pattern), who="pack")
     root = storage.glob_root(pattern)
     rel = [u[len(root) + 1:] for u in files]  # <class>/.../<name>.<ext>
     classes = sorted({r.split("/", 1)[0] for r in rel})
@@ -212,7 +214,8 @@ def pack(src: str, dst: str, *, shard_size: int | str = "256MB", prefix: str = "
          concurrency: int = 16, overwrite: bool = False,
          storage_options: dict[str, Any] | None = None,
          policy: RetryPolicy | None = None, resize: int | None = None,
-         quality: int = DEFAULT_QUALITY, threads: int | None = None) -> dict[str, Any]:
+         quality: int = DEFAULT_QUALITY, threads: int | None = None,
+         extensions: list[str] | None = None) -> dict[str, Any]:
     """Pack ``src`` (``<class>/<image>``) into tar shards under ``dst``; returns the index.
 
     Args:
@@ -229,6 +232,8 @@ def pack(src: str, dst: str, *, shard_size: int | str = "256MB", prefix: str = "
             shorter side (aspect kept); None stores every file's bytes as they are.
         quality: JPEG quality (1-100) of the re-encoded images.
         threads: images re-encoded at once (default: the CPU count).
+        extensions: pack only files whose name ends in one of these, in any case
+            (``[".jpg", ".png"]``); None: every visible file with an extension.
 
     Raises:
         SourceError: nothing to pack, or ``src`` cannot be read.
@@ -247,7 +252,7 @@ def pack(src: str, dst: str, *, shard_size: int | str = "256MB", prefix: str = "
         raise ValueError(f"{quality=} must be an int in 1..100")
     storage = Storage(storage_options=storage_options, policy=policy, threads=concurrency)
     try:
-        samples, classes = list_samples(storage, src)
+        samples, classes = list_samples(storage, src, extensions)
         if not samples:
             raise SourceError(f"pack: no image files under {redact(src, storage_options)}/<class>/")
         old = _existing(storage, dst, prefix)
@@ -319,6 +324,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "shorter side, aspect kept (training at 224: N = 256-320)")
     p.add_argument("--quality", type=int, default=DEFAULT_QUALITY, metavar="Q",
                    help=f"JPEG quality of resized images, 1-100 (default {DEFAULT_QUALITY})")
+    p.add_argument("--extensions", default=None, metavar="EXT,...",
+                   help="pack only these, in any case, e.g. .jpg,.jpeg,.png (default: every "
+                        "visible file with an extension; what is left out is named in a warning)")
     p.set_defaults(func=run)
     return p
 
@@ -335,19 +343,26 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("conveyor pack: --resize must be a positive number of pixels")
     if not 1 <= args.quality <= 100:
         raise SystemExit("conveyor pack: --quality must be in 1..100")
+    extensions = None if args.extensions is None else [e for e in args.extensions.split(",") if e.strip()]
+    if extensions is not None:
+        try:
+            suffixes(extensions)
+        except ValueError:
+            raise SystemExit(f"conveyor pack: --extensions expects e.g. .jpg,.png, got {args.extensions!r}") from None
     t0 = time.perf_counter()
     if args.format == "lmdb":
         if args.resize is not None:
             raise SystemExit("conveyor pack: --resize is for tar shards (--format tar) only")
         from conveyor.pack_lmdb import pack_lmdb
 
-        out = pack_lmdb(args.src, args.dst, concurrency=args.concurrency, overwrite=args.overwrite)
+        out = pack_lmdb(args.src, args.dst, concurrency=args.concurrency, overwrite=args.overwrite,
+                        extensions=extensions)
         print(f"packed {out['samples']} samples ({out['bytes']:,} bytes) of {len(out['classes'])} classes "
               f"into the LMDB environment {out['path']} in {time.perf_counter() - t0:.1f} s")
         return 0
     index = pack(args.src, args.dst, shard_size=size, prefix=args.prefix,
                  concurrency=args.concurrency, overwrite=args.overwrite, resize=args.resize,
-                 quality=args.quality)
+                 quality=args.quality, extensions=extensions)
     for shard in index["shards"]:
         print(f"  {shard['name']}  {shard['samples']:>7} samples  {shard['bytes']:>12,} bytes")
     print(f"packed {index['samples']} samples of {len(index['classes'])} classes into "

@@ -32,7 +32,8 @@ def _key(sample: Any, name: str, cls: str) -> bytes:
 
 
 def pack_lmdb(src: str, dst: str, *, concurrency: int = 16, overwrite: bool = False,
-              retry: RetryPolicy | None = None, transform: Any = None) -> dict[str, Any]:
+              retry: RetryPolicy | None = None, transform: Any = None,
+              extensions: list[str] | None = None) -> dict[str, Any]:
     """Write ``src/<class>/<image>`` into an LMDB environment at ``dst``.
 
     Args:
@@ -42,6 +43,7 @@ def pack_lmdb(src: str, dst: str, *, concurrency: int = 16, overwrite: bool = Fa
         overwrite: replace an environment already at ``dst``.
         retry: the retry policy of the reads of ``src`` (default: ``RetryPolicy()``).
         transform: ``transform(bytes, name) -> bytes`` applied to each image (a resize).
+        extensions: pack only files ending in one of these, any case (None: any extension).
 
     Returns:
         ``{"samples", "bytes", "classes", "path"}``.
@@ -59,7 +61,7 @@ def pack_lmdb(src: str, dst: str, *, concurrency: int = 16, overwrite: bool = Fa
         raise ConveyorError(f"pack: {dst} exists; pass --overwrite to replace it")
     storage = Storage(policy=retry)  # reads SRC
     try:
-        samples, classes = list_samples(storage, src)
+        samples, classes = list_samples(storage, src, extensions)
         if not samples:
             raise ConveyorError(f"pack: no images under {redact(src)}/<class>/")
         sizes = [storage.call(s.url, "size") for s in samples]

@@ -88,6 +88,13 @@ def test_pack_command_line(tmp_path: Path, capsys) -> None:
         run(parser.parse_args(["pack", str(tmp_path / "nothing"), str(tmp_path / "o2")]))
     with pytest.raises(SystemExit, match="shard-size"):
         run(parser.parse_args(["pack", str(SAMPLE), str(tmp_path / "o3"), "--shard-size", "big"]))
+    with pytest.raises(SourceError, match=r"none is a visible file ending in \.png \.webp \(found: \.jpeg \(200\)\)"):
+        run(parser.parse_args(["pack", str(SAMPLE), str(tmp_path / "o4"), "--extensions", "png,.WEBP"]))
+    with pytest.raises(SystemExit, match="--extensions expects"):
+        run(parser.parse_args(["pack", str(SAMPLE), str(tmp_path / "o5"), "--extensions", ","]))
+    assert run(parser.parse_args(["pack", str(SAMPLE), str(tmp_path / "o6"), "--extensions", ".JPEG",
+                                  "--format", "lmdb"])) == 0
+    assert "packed 200 samples" in capsys.readouterr().out
 
 
 def test_pack_resize_shrinks_big_images_keeps_small_ones_labels_and_counts(tmp_path: Path) -> None:
@@ -139,10 +146,16 @@ def test_pack_keys_samples_by_class_folder_and_name(tmp_path: Path, caplog) -> N
     (tmp_path / "src" / "a" / "more").rmdir()
     (tmp_path / "src" / "a" / "README.txt").write_text("not an image")
     (tmp_path / "src" / "a" / "._0001.jpg").write_bytes(b"a macOS resource fork")
-    pack(str(tmp_path / "src"), str(tmp_path / "dst1"))  # both left out, and named in a warning
-    got1 = [(s["__key__"], s["jpg"], s["cls"]) for s in ReadTar(ListFiles(url=f"{tmp_path}/dst1/*.tar"))]
-    assert got1 == [("a/0001", b"a", 0), ("b/0001", b"b", 1)]
-    assert "pack: 2 of the 4 files" in caplog.text and ".txt (1)" in caplog.text and "hidden (1)" in caplog.text
+    pack(str(tmp_path / "src"), str(tmp_path / "dst1"))  # any file, but not a hidden one (named)
+    got1 = [(s["__key__"], sorted(k for k in s if not k.startswith("__"))) for s in
+            ReadTar(ListFiles(url=f"{tmp_path}/dst1/*.tar"))]
+    assert got1 == [("a/0001", ["cls", "index", "jpg"]), ("a/README", ["cls", "index", "txt"]),
+                    ("b/0001", ["cls", "index", "jpg"])]
+    assert "pack: 1 of the 4 files" in caplog.text and "(hidden (1))" in caplog.text
+    pack(str(tmp_path / "src"), str(tmp_path / "dst3"), extensions=[".JPG", "png"])  # images only
+    got3 = [(s["__key__"], s["jpg"], s["cls"]) for s in ReadTar(ListFiles(url=f"{tmp_path}/dst3/*.tar"))]
+    assert got3 == [("a/0001", b"a", 0), ("b/0001", b"b", 1)]
+    assert "pack: 2 of the 4 files" in caplog.text and "(hidden (1), .txt (1))" in caplog.text
     (tmp_path / "src" / "b" / "0001.png").write_bytes(b"x")
     with pytest.raises(ConveyorError, match="would share the key 'b/0001'"):
         pack(str(tmp_path / "src"), str(tmp_path / "dst2"))

@@ -73,33 +73,31 @@ def suffixes(extensions: list[str]) -> tuple[str, ...]:
     return tuple("." + e.lower().lstrip(".") for e in extensions)
 
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".ppm", ".pgm", ".tif", ".tiff")
-"""What torchvision's ``ImageFolder`` takes (any case): the imagenet specs' and ``pack``'s list."""
-
-
-def with_suffix(paths: list[str], ends: tuple[str, ...], url: str, who: str = "list_files",
+def with_suffix(paths: list[str], ends: tuple[str, ...] | None, url: str, who: str = "list_files",
                 hint: str = "") -> list[str]:
-    """The paths whose name ends in one of ``ends`` (lower case; the names in any case) and is
-    not hidden (``._x.jpg``: macOS's resource forks). What is left out is named: in a warning,
-    or in a ``SourceError`` when nothing is kept."""
+    """The paths whose name ends in one of ``ends`` (lower case; the names in any case; None:
+    any extension) and is not hidden (``._x.jpg``: macOS's resource forks). What is left out
+    is named: in a warning, or in a ``SourceError`` when nothing is kept."""
     kept: list[str] = []
     left: Counter = Counter()  # what is left out: "hidden" or the extension
     for p in paths:
         name = p.rstrip("/").rsplit("/", 1)[-1]
+        ext = os.path.splitext(name)[1].lower()
         if name.startswith("."):
             left["hidden"] += 1
-        elif name.lower().endswith(ends):
+        elif name.lower().endswith(ends) if ends is not None else ext:
             kept.append(p)
         else:
-            left[os.path.splitext(name)[1].lower() or "(none)"] += 1
+            left[ext or "(none)"] += 1
     if not left:
         return kept
     seen = ", ".join(f"{ext} ({n})" for ext, n in left.most_common(5))
+    wanted = f"ending in {' '.join(ends)}" if ends is not None else "with an extension"
     if not kept:
-        raise SourceError(f"{who}: {len(paths)} files match {url!r} but none is a visible file ending "
-                          f"in {' '.join(ends)} (found: {seen}){hint}")
-    log.warning("%s: %d of the %d files matching %r are left out, hidden or not ending in %s (%s)",
-                who, len(paths) - len(kept), len(paths), url, " ".join(ends), seen)
+        raise SourceError(f"{who}: {len(paths)} files match {url!r} but none is a visible file "
+                          f"{wanted} (found: {seen}){hint}")
+    log.warning("%s: %d of the %d files matching %r are left out, hidden or not %s (%s)",
+                who, len(paths) - len(kept), len(paths), url, wanted, seen)
     return kept
 
 
