@@ -208,6 +208,14 @@ def protocol_of(url: str) -> str:
     return url.split("://", 1)[0].split("::")[-1] if "://" in url else "file"
 
 
+def single_slashes(url: str) -> str:
+    """``url`` with each run of ``/`` in its path made one (``root/`` + ``/*/*``, from a root
+    given with a trailing slash): a listing never returns such paths, so a glob that has them
+    would match nothing. The ``//`` after a protocol stays."""
+    head, sep, path = url.rpartition("://")
+    return head + sep + re.sub(r"(?<=.)/{2,}", "/", path)
+
+
 def is_local(url: str) -> bool:
     return protocol_of(url) in ("file", "local")
 
@@ -434,7 +442,7 @@ class Storage:
     def glob_root(self, url: str) -> str:
         """The part of the glob ``url`` before its first wildcard, up to a ``/``, in the form
         ``glob`` gives its matches: every match starts with it and a ``/``."""
-        fs, path = self.resolve(url)
+        fs, path = self.resolve(single_slashes(url))
         magic = re.search(r"[*?\[]", path)
         root = path[:magic.start()].rsplit("/", 1)[0] if magic is not None else path
         return _full_url(fs, root.rstrip("/"), url)
@@ -451,6 +459,7 @@ class Storage:
         Raises:
             SourceError: nothing matches (naming the URL, and a missing bucket or folder).
         """
+        url = single_slashes(url)
         fs, path = self.resolve(url)
         magic = re.search(r"[*?\[]", path)
         if magic is None:

@@ -167,9 +167,11 @@ def test_list_files_top_dir_labels_as_imagefolder(tree: Path, monkeypatch):
     want = [("birds/x.txt", 0), ("cats/kittens/k.txt", 1), ("cats/notes.md", 1), ("cats/z.txt", 1),
             ("dogs/a.txt", 2), ("dogs/b.txt", 2)]
     monkeypatch.chdir(tree.parent)
-    for url in (f"{tree}/*/**", f"file://{tree}/*/**", f"{tree.name}/*/**", f"{tree}/./*/**"):
+    for url in (f"{tree}/*/**", f"file://{tree}/*/**", f"{tree.name}/*/**", f"{tree}/./*/**",
+                f"{tree}//*/**", f"file://{tree}///*/**"):  # a root given with a trailing slash
         node = ListFiles(url=url, label="top_dir")
         got = [(r["path"].split(f"{tree.name}/", 1)[1].removeprefix("./"), r["label"]) for r in run(node)]
+        assert all("//" not in r["path"] for r in run(node)), url
         assert got == want, url
         assert node.classes == ["birds", "cats", "dogs"]
     parent = [r["label"] for r in run(ListFiles(url=f"{tree}/*/**", label="parent_dir"))]

@@ -88,6 +88,9 @@ def test_loose_files_on_s3_give_the_same_batches_as_local_disk(s3, tmp_path: Pat
     assert len(local) == 12
     # the bundled spec as it is: decode reads s3:// paths itself
     assert batches(ROOT / "specs/imagenet.yaml", root=root, **SMALL) == local
+    slash = ListFiles(url=f"{root}//*/**", label="top_dir").records()  # a root given as .../train/
+    assert [(r["path"], r["label"]) for r in slash] == \
+        [(r["path"], r["label"]) for r in ListFiles(url=f"{root}/*/*.JPEG", label="parent_dir").records()]
     # with a fetch node in front of decode: concurrent reads, same batches
     assert batches(fetch_spec(tmp_path, str(SAMPLE))) == local
     spec = fetch_spec(tmp_path, root)
