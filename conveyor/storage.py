@@ -208,6 +208,37 @@ def protocol_of(url: str) -> str:
     return url.split("://", 1)[0].split("::")[-1] if "://" in url else "file"
 
 
+def _local_files(root: str) -> list[str]:
+    """Every file below the local folder ``root``, symlinked folders followed as ImageFolder's
+    ``os.walk(followlinks=True)`` follows them (fsspec's listing takes a link to a folder for
+    a file and lists nothing below it); a link back to a folder it is inside is not followed
+    again (what is below it is listed already), so a link loop ends. A folder that cannot be
+    read is a ``SourceError`` naming it."""
+    if not os.path.isdir(root):
+        return []  # no such folder: the caller says so
+    out: list[str] = []
+    st = os.stat(root)
+    stack = [(root, frozenset({(st.st_dev, st.st_ino)}))]  # a folder and the real folders it is in
+    while stack:
+        folder, inside = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as exc:
+            raise SourceError(f"cannot list {folder}: {exc.strerror or exc}") from exc
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()  # through a link
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                out.append(entry.path)  # a file, a link to one, or a broken link (its read says so)
+                continue
+            st = os.stat(entry.path)
+            if (st.st_dev, st.st_ino) not in inside:
+                stack.append((entry.path, inside | {(st.st_dev, st.st_ino)}))
+    return out
+
+
 def single_slashes(url: str) -> str:
     """``url`` with each run of ``/`` in its path made one (``root/`` + ``/*/*``, from a root
     given with a trailing slash): a listing never returns such paths, so a glob that has them
@@ -474,19 +505,22 @@ class Storage:
             root = path[:magic.start()].rsplit("/", 1)[0] if "/" in path[:magic.start()] else ""
             root_url = url[:len(url) - len(path)] + root if not is_local(url) else root
             pattern = re.compile(glob_translate(path))
-            kwargs: dict[str, Any] = {"detail": True}
-            if _walks(fs):
-                kwargs["on_error"] = "raise"  # fsspec's walk leaves failed folders out by default
-            try:
-                # a listing is a request per 1000 keys: each has the socket timeouts, the
-                # whole has none (a big bucket takes long)
-                found = self.call(root_url or url, "find", name=url, timeout=None, **kwargs)
-            except SampleError as exc:  # listing a folder is not about one sample
-                if exc.__cause__ is None or classify(exc.__cause__) != NOT_FOUND:
-                    raise SourceError(str(exc)) from exc.__cause__
-                found = {}  # no such folder: said below
-            files = sorted(p for p, info in found.items()
-                           if info.get("type") != "directory" and pattern.match(p))
+            if is_local(url):
+                files = sorted(p for p in _local_files(root or "/") if pattern.match(p))
+            else:
+                kwargs: dict[str, Any] = {"detail": True}
+                if _walks(fs):
+                    kwargs["on_error"] = "raise"  # fsspec's walk leaves failed folders out by default
+                try:
+                    # a listing is a request per 1000 keys: each has the socket timeouts, the
+                    # whole has none (a big bucket takes long)
+                    found = self.call(root_url or url, "find", name=url, timeout=None, **kwargs)
+                except SampleError as exc:  # listing a folder is not about one sample
+                    if exc.__cause__ is None or classify(exc.__cause__) != NOT_FOUND:
+                        raise SourceError(str(exc)) from exc.__cause__
+                    found = {}  # no such folder: said below
+                files = sorted(p for p, info in found.items()
+                               if info.get("type") != "directory" and pattern.match(p))
         if files:
             return [_full_url(fs, p, url) for p in files]
         root = re.split(r"[*?\[]", url, maxsplit=1)[0].rsplit("/", 1)[0] or url

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import logging
 import threading
 import time
@@ -178,6 +180,30 @@ def test_list_files_top_dir_labels_as_imagefolder(tree: Path, monkeypatch):
     assert parent == [0, 3, 1, 1, 2, 2]  # kittens would be a class of its own
     with pytest.raises(SourceError, match="top.txt' is not in a folder below"):
         ListFiles(url=str(tree), label="top_dir").reset()  # a folder: top.txt has no class folder
+
+
+def test_list_files_follows_symlinked_folders_as_imagefolder(tree: Path, tmp_path_factory, monkeypatch):
+    store = tmp_path_factory.mktemp("store")
+    (store / "lions").mkdir()
+    (store / "lions/l.txt").write_text("a lion")
+    (tree / "lions").symlink_to(store / "lions")  # a subset made of links, as ImageNet-100s are
+    (tree / "big_cats").symlink_to(store / "lions")  # the same folder twice: listed twice
+    (store / "lions/loop").symlink_to(tree)  # a link back up: followed once, not for ever
+    (tree / "dogs/gone.txt").symlink_to(store / "nothing.txt")  # broken: listed, its read fails
+    node = ListFiles(url=f"{tree}/*/**", label="top_dir")
+    got = [(r["path"][len(str(tree)) + 1:], r["label"]) for r in run(node)]
+    assert got == [("big_cats/l.txt", 0), ("birds/x.txt", 1), ("cats/notes.md", 2), ("cats/z.txt", 2),
+                   ("dogs/a.txt", 3), ("dogs/b.txt", 3), ("dogs/gone.txt", 3), ("lions/l.txt", 4)]
+    real_scandir = os.scandir
+
+    def denied(path):
+        if str(path).endswith("birds"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", denied)
+    with pytest.raises(SourceError, match="cannot list .*birds: Permission denied"):
+        ListFiles(url=f"{tree}/*/**").reset()
 
 
 def test_list_files_refuses_an_unknown_label():
