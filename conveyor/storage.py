@@ -239,6 +239,30 @@ def _local_files(root: str) -> list[str]:
     return out
 
 
+_ONE_CHAR_SET = re.compile(r"\[([^!^])\]")  # [[] is "[", []] is "]", [x] is "x": no wildcard
+
+
+def fixed_part(path: str) -> tuple[str, bool]:
+    """The text ``path`` matches literally before its first wildcard (``*``, ``?``, a set of
+    characters), and whether it has one. A one-character set is that character: ``run[[]1]``
+    is the folder ``run[1]``, so that an escaped name still lists from its own folder."""
+    out, i = [], 0
+    while i < len(path):
+        c = path[i]
+        if c in "*?":
+            return "".join(out), True
+        if c == "[":
+            one = _ONE_CHAR_SET.match(path, i)
+            if one is None:
+                return "".join(out), True
+            out.append(one.group(1))
+            i = one.end()
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out), False
+
+
 def single_slashes(url: str) -> str:
     """``url`` with each run of ``/`` in its path made one (``root/`` + ``/*/*``, from a root
     given with a trailing slash): a listing never returns such paths, so a glob that has them
@@ -474,8 +498,8 @@ class Storage:
         """The part of the glob ``url`` before its first wildcard, up to a ``/``, in the form
         ``glob`` gives its matches: every match starts with it and a ``/``."""
         fs, path = self.resolve(single_slashes(url))
-        magic = re.search(r"[*?\[]", path)
-        root = path[:magic.start()].rsplit("/", 1)[0] if magic is not None else path
+        fixed, wild = fixed_part(path)
+        root = fixed.rsplit("/", 1)[0] if wild else fixed
         return _full_url(fs, root.rstrip("/"), url)
 
     def glob(self, url: str) -> list[str]:
@@ -492,17 +516,17 @@ class Storage:
         """
         url = single_slashes(url)
         fs, path = self.resolve(url)
-        magic = re.search(r"[*?\[]", path)
-        if magic is None:
+        fixed, wild = fixed_part(path)
+        if not wild:
             try:
-                info = self.call(url, "info")
+                info = self.call(_full_url(fs, fixed, url), "info")
             except SampleError as exc:
                 if exc.__cause__ is None or classify(exc.__cause__) != NOT_FOUND:
                     raise SourceError(str(exc)) from exc.__cause__
                 info = {"type": "directory"}  # nothing there: said below
-            files = [path] if info.get("type") != "directory" else []
+            files = [fixed] if info.get("type") != "directory" else []
         else:
-            root = path[:magic.start()].rsplit("/", 1)[0] if "/" in path[:magic.start()] else ""
+            root = fixed.rsplit("/", 1)[0] if "/" in fixed else ""
             root_url = url[:len(url) - len(path)] + root if not is_local(url) else root
             pattern = re.compile(glob_translate(path))
             if is_local(url):
@@ -531,8 +555,10 @@ class Storage:
         except Exception:  # only for a better message; the listing itself said nothing matched
             exists = True
         where = f" ({redact(root, self.options)} does not exist)" if not exists else ""
+        brackets = ("; '[' in a path starts a set of characters to match: write '[[]' for a "
+                    "'[' in a folder's name") if "[" in path else ""
         raise SourceError(f"no file matches {redact(url, self.options)!r}{where}; check the "
-                          "path, the glob and the bucket")
+                          f"path, the glob and the bucket{brackets}")
 
     def open_sequential(self, url: str, *, offset: int = 0, block_size: int = 8 << 20,
                         read_ahead: int = 2) -> Any:

@@ -206,6 +206,20 @@ def test_list_files_follows_symlinked_folders_as_imagefolder(tree: Path, tmp_pat
         ListFiles(url=f"{tree}/*/**").reset()
 
 
+def test_list_files_under_a_folder_with_brackets_in_its_name(tmp_path: Path):
+    root = tmp_path / "run[1]"
+    for rel in ("cats [big]/a b.txt", "dogs/é?.txt"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(rel)
+    with pytest.raises(SourceError, match=r"write '\[\[\]' for a '\['"):  # [1] is a set: said how to escape it
+        ListFiles(url=f"{root}/*/**").reset()
+    escaped = str(root).replace("[", "[[]")
+    for url in (f"{escaped}/*/**", escaped):
+        node = ListFiles(url=url, label="top_dir")
+        assert [(r["path"], r["label"]) for r in run(node)] == [
+            (f"{root}/cats [big]/a b.txt", 0), (f"{root}/dogs/é?.txt", 1)], url
+
+
 def test_list_files_refuses_an_unknown_label():
     with pytest.raises(ValueError, match="label='folder'"):
         ListFiles(url="x/*", label="folder")

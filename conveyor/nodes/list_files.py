@@ -25,7 +25,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.errors import SourceError, StateError
 from conveyor.nodes._rng import derive_seed
-from conveyor.storage import Storage
+from conveyor.storage import Storage, fixed_part
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,8 @@ def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[s
     storage = Storage(storage_options=storage_options)
     try:
         pattern = url
-        if not any(c in url for c in "*?[") and storage.call(url, "isdir"):
+        literal, wild = fixed_part(url)
+        if not wild and storage.call(literal, "isdir"):
             pattern = url.rstrip("/") + "/**"  # a folder: every file below it
         return storage.glob_root(pattern), storage.glob(pattern)
     finally:
