@@ -97,7 +97,6 @@ def test_read_jsonl_from_fsspec_url_and_gzip(tmp_path):
     ('{"other": 1}', "no field 'text'"),
     ('{"text": "   "}', "field 'text' is empty"),
     ('{"text": 5}', "field 'text' is int"),
-    ("", "blank line"),
 ])
 def test_bad_lines_name_file_and_line_or_are_counted(tmp_path, line, why):
     path = tmp_path / "bad.jsonl"
@@ -107,6 +106,17 @@ def test_bad_lines_name_file_and_line_or_are_counted(tmp_path, line, why):
     node = _reader(str(path), on_error="skip")
     assert [r["text"] for r in _drain(node)] == ["ok", "fine"]
     assert node.stats()["skipped"] == 1
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "lines"])
+def test_blank_lines_and_a_byte_order_mark_hold_no_record(tmp_path, fmt):
+    path = tmp_path / "windows.jsonl"
+    first, second = ('{"text": "é first"}', '{"text": "second"}') if fmt == "jsonl" else ("é first", "second")
+    path.write_bytes(b"\xef\xbb\xbf" + f"{first}\r\n\r\n   \t\n{second}\r\n\n".encode())
+    node = _reader(str(path), format=fmt)
+    got = [(r["text"], r["line"], r["index"]) for r in _drain(node)]
+    assert got == [("é first", 1, 0), ("second", 4, 3)]  # nothing raised, nothing counted
+    assert node.stats()["skipped"] == 0
 
 
 def test_not_utf8_is_a_bad_line(tmp_path):

@@ -278,7 +278,8 @@ def test_orjson_and_stdlib_read_the_same_records(tmp_path, monkeypatch):
     slow_node = ReadJsonl(ListFiles(url=str(path)), on_error="skip")
     slow = list(slow_node)
     assert repr(fast) == repr(slow)  # NaN too
-    assert [r["line"] for r in fast] == [1, 2, 3, 4, 7] and slow_node.stats()["skipped"] == 2
+    assert [r["line"] for r in fast] == [1, 2, 3, 4, 7]
+    assert slow_node.stats()["skipped"] == 1  # the BOM inside the file; the blank line is no record
 
 
 def test_a_batch_map_resumes_on_another_world_size(monkeypatch, tmp_path):

@@ -12,8 +12,9 @@ replaced.
 Bad lines (not UTF-8, not JSON, not an object, no ``field``, an empty or non-string
 ``field``) raise ``SampleError`` naming ``file:line`` with ``on_error="raise"``, or are
 skipped and counted in ``stats()["skipped"]`` with ``on_error="skip"`` (the first few are
-logged). Blank lines are bad lines too (an empty text), so a blank line in a ``lines`` file
-needs ``on_error: skip``.
+logged). Blank (whitespace-only) lines hold no record and are passed over, as pandas, pyarrow
+and the ndjson spec do (a line keeps its number: ``index`` has a gap there); a UTF-8 byte order
+mark starting a file (Windows tools write one) is not part of its first line.
 
 Files ending in ``.gz``, ``.bz2``, ``.zst``... are decompressed on the fly (fsspec's
 ``compression="infer"``); offsets then count decompressed bytes.
@@ -262,20 +263,25 @@ class ReadJsonl(BaseNode[dict]):
         log_skip(log, self.skipped, f"read_jsonl: skipped {where}: {why}")
 
     def _parse(self, raw: bytes) -> dict | None:
-        """The record of a line the fast path did not take, or None (a bad line, counted)."""
+        """The record of a line the fast path did not take, or None (a blank line, or a bad one,
+        counted)."""
         try:
             text = raw.decode(self.encoding)
         except UnicodeDecodeError as exc:
             self._bad(f"not {self.encoding} text ({exc.reason} at byte {exc.start})")
             return None
         text = text.rstrip("\r\n")
+        if self._line == 1 and text.startswith("\ufeff"):
+            text = text[1:]  # a byte order mark, as Windows tools begin UTF-8 files with
+        if not text.strip():
+            return None  # a blank line holds no record (pandas, pyarrow and ndjson skip them too)
         if self.format == "lines":
             record: Any = {self.field or "text": text}
         else:
             try:
                 record = json.loads(text)
             except json.JSONDecodeError as exc:
-                self._bad(f"not JSON ({exc.msg} at column {exc.colno})" if text.strip() else "blank line")
+                self._bad(f"not JSON ({exc.msg} at column {exc.colno})")
                 return None
             except RecursionError:
                 self._bad("not JSON this reader can take (nested too deep)")
