@@ -217,6 +217,7 @@ def _local_files(root: str) -> list[str]:
     if not os.path.isdir(root):
         return []  # no such folder: the caller says so
     out: list[str] = []
+    broken: list[str] = []
     st = os.stat(root)
     stack = [(root, frozenset({(st.st_dev, st.st_ino)}))]  # a folder and the real folders it is in
     while stack:
@@ -232,10 +233,14 @@ def _local_files(root: str) -> list[str]:
                 is_dir = False
             if not is_dir:
                 out.append(entry.path)  # a file, a link to one, or a broken link (its read says so)
+                if entry.is_symlink() and not os.path.exists(entry.path):
+                    broken.append(entry.path)
                 continue
             st = os.stat(entry.path)
             if (st.st_dev, st.st_ino) not in inside:
                 stack.append((entry.path, inside | {(st.st_dev, st.st_ino)}))
+    if broken:  # a link to a class folder that moved would otherwise just not match */**
+        log.warning("listing %s: %d broken symbolic link(s), e.g. %s", root, len(broken), min(broken))
     return out
 
 

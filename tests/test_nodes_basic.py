@@ -182,7 +182,7 @@ def test_list_files_top_dir_labels_as_imagefolder(tree: Path, monkeypatch):
         ListFiles(url=str(tree), label="top_dir").reset()  # a folder: top.txt has no class folder
 
 
-def test_list_files_follows_symlinked_folders_as_imagefolder(tree: Path, tmp_path_factory, monkeypatch):
+def test_list_files_follows_symlinked_folders_as_imagefolder(tree: Path, tmp_path_factory, monkeypatch, caplog):
     store = tmp_path_factory.mktemp("store")
     (store / "lions").mkdir()
     (store / "lions/l.txt").write_text("a lion")
@@ -190,10 +190,12 @@ def test_list_files_follows_symlinked_folders_as_imagefolder(tree: Path, tmp_pat
     (tree / "big_cats").symlink_to(store / "lions")  # the same folder twice: listed twice
     (store / "lions/loop").symlink_to(tree)  # a link back up: followed once, not for ever
     (tree / "dogs/gone.txt").symlink_to(store / "nothing.txt")  # broken: listed, its read fails
+    (tree / "moved").symlink_to(store / "moved")  # a class folder's link that points nowhere: named
     node = ListFiles(url=f"{tree}/*/**", label="top_dir")
     got = [(r["path"][len(str(tree)) + 1:], r["label"]) for r in run(node)]
     assert got == [("big_cats/l.txt", 0), ("birds/x.txt", 1), ("cats/notes.md", 2), ("cats/z.txt", 2),
                    ("dogs/a.txt", 3), ("dogs/b.txt", 3), ("dogs/gone.txt", 3), ("lions/l.txt", 4)]
+    assert "2 broken symbolic link(s)" in caplog.text and f"{tree}/dogs/gone.txt" in caplog.text
     real_scandir = os.scandir
 
     def denied(path):
