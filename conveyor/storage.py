@@ -208,8 +208,9 @@ def protocol_of(url: str) -> str:
     return url.split("://", 1)[0].split("::")[-1] if "://" in url else "file"
 
 
-def _local_files(root: str) -> list[str]:
-    """Every file below the local folder ``root``, symlinked folders followed as ImageFolder's
+def _local_files(root: str, depth: int | None = None) -> list[str]:
+    """Every file below the local folder ``root`` (at most ``depth`` folders down: 1 is the
+    files in ``root``; None: all), symlinked folders followed as ImageFolder's
     ``os.walk(followlinks=True)`` follows them (fsspec's listing takes a link to a folder for
     a file and lists nothing below it); a link back to a folder it is inside is not followed
     again (what is below it is listed already), so a link loop ends. A folder that cannot be
@@ -222,6 +223,8 @@ def _local_files(root: str) -> list[str]:
     stack = [(root, frozenset({(st.st_dev, st.st_ino)}))]  # a folder and the real folders it is in
     while stack:
         folder, inside = stack.pop()
+        if depth is not None and len(inside) > depth:
+            continue  # deeper than the pattern reaches
         try:
             entries = list(os.scandir(folder))
         except OSError as exc:
@@ -535,7 +538,9 @@ class Storage:
             root_url = url[:len(url) - len(path)] + root if not is_local(url) else root
             pattern = re.compile(glob_translate(path))
             if is_local(url):
-                files = sorted(p for p in _local_files(root or "/") if pattern.match(p))
+                # as deep below root as the pattern's /s reach (an escape adds none), or any depth
+                depth = None if "**" in path else path.count("/") - root.count("/")
+                files = sorted(p for p in _local_files(root or "/", depth) if pattern.match(p))
             else:
                 kwargs: dict[str, Any] = {"detail": True}
                 if _walks(fs):

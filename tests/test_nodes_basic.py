@@ -208,6 +208,21 @@ def test_list_files_follows_symlinked_folders_as_imagefolder(tree: Path, tmp_pat
         ListFiles(url=f"{tree}/*/**").reset()
 
 
+def test_a_local_listing_reads_no_deeper_than_its_pattern_reaches(tree: Path, monkeypatch):
+    (tree / "cats/deep/deeper").mkdir(parents=True)
+    (tree / "cats/deep/deeper/d.txt").write_text("deep")
+    real_scandir, scanned = os.scandir, []
+    monkeypatch.setattr(os, "scandir", lambda path: scanned.append(str(path)) or real_scandir(path))
+    assert [r["path"] for r in run(ListFiles(url=f"{tree}/*.txt"))] == [f"{tree}/top.txt"]
+    assert scanned == [str(tree)]  # the folders below hold nothing *.txt can match
+    scanned.clear()
+    assert len(run(ListFiles(url=f"{tree}/*/*.txt"))) == 4
+    assert f"{tree}/cats/deep" not in scanned
+    scanned.clear()
+    assert f"{tree}/cats/deep/deeper/d.txt" in [r["path"] for r in run(ListFiles(url=f"{tree}/*/**"))]
+    assert f"{tree}/cats/deep/deeper" in scanned
+
+
 def test_list_files_under_a_folder_with_brackets_in_its_name(tmp_path: Path):
     root = tmp_path / "run[1]"
     for rel in ("cats [big]/a b.txt", "dogs/é?.txt"):
