@@ -97,8 +97,8 @@ def list_samples(storage: Storage, src: str,
     with one of ``extensions`` (None: any), in sorted order, and the sorted class names."""
     pattern = _join(src, "*/**")
     ends = None if extensions is None else suffixes(extensions)
-    files = with_suffix(storage.glob(pattern), ends, redact(pattern), who="pack")
     root = storage.glob_root(pattern)
+    files = with_suffix(storage.glob(pattern), ends, redact(pattern), who="pack", root=root)
     rel = [u[len(root) + 1:] for u in files]  # <class>/.../<name>.<ext>
     classes = sorted({r.split("/", 1)[0] for r in rel})
     number = {c: i for i, c in enumerate(classes)}

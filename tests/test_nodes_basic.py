@@ -163,7 +163,7 @@ def test_list_files_keeps_the_extensions_asked_for_in_any_case(tree: Path, caplo
             ListFiles(url=f"{tree}/*", extensions=bad)
 
 
-def test_list_files_top_dir_labels_as_imagefolder(tree: Path, monkeypatch):
+def test_list_files_top_dir_labels_as_imagefolder(tree: Path, monkeypatch, caplog):
     (tree / "cats/kittens").mkdir()
     (tree / "cats/kittens/k.txt").write_text("nested")  # ImageFolder: a cat, like cats/z.txt
     want = [("birds/x.txt", 0), ("cats/kittens/k.txt", 1), ("cats/notes.md", 1), ("cats/z.txt", 1),
@@ -175,9 +175,17 @@ def test_list_files_top_dir_labels_as_imagefolder(tree: Path, monkeypatch):
         got = [(r["path"].split(f"{tree.name}/", 1)[1].removeprefix("./"), r["label"]) for r in run(node)]
         assert all("//" not in r["path"] for r in run(node)), url
         assert got == want, url
-        assert node.classes == ["birds", "cats", "dogs"]
+        assert node.classes == ["birds", "cats", "dogs", "fish.txt"]  # numbered as ImageFolder does
+    assert "with no file listed, their labels kept free: fish.txt" in caplog.text  # an empty folder
     parent = [r["label"] for r in run(ListFiles(url=f"{tree}/*/**", label="parent_dir"))]
     assert parent == [0, 3, 1, 1, 2, 2]  # kittens would be a class of its own
+    (tree / ".ipynb_checkpoints").mkdir()  # Jupyter's copies: hidden, no class, not listed
+    (tree / ".ipynb_checkpoints/c-checkpoint.txt").write_text("copy")
+    (tree / "dogs/.ipynb_checkpoints").mkdir()
+    (tree / "dogs/.ipynb_checkpoints/a-checkpoint.txt").write_text("copy")
+    images = ListFiles(url=f"{tree}/*/**", label="top_dir", extensions=[".txt", ".md"])
+    assert [(r["path"].split(f"{tree.name}/", 1)[1], r["label"]) for r in run(images)] == want
+    assert images.classes == ["birds", "cats", "dogs", "fish.txt"]
     with pytest.raises(SourceError, match="top.txt' is not in a folder below"):
         ListFiles(url=str(tree), label="top_dir").reset()  # a folder: top.txt has no class folder
 
@@ -194,7 +202,7 @@ def test_list_files_follows_symlinked_folders_as_imagefolder(tree: Path, tmp_pat
     node = ListFiles(url=f"{tree}/*/**", label="top_dir")
     got = [(r["path"][len(str(tree)) + 1:], r["label"]) for r in run(node)]
     assert got == [("big_cats/l.txt", 0), ("birds/x.txt", 1), ("cats/notes.md", 2), ("cats/z.txt", 2),
-                   ("dogs/a.txt", 3), ("dogs/b.txt", 3), ("dogs/gone.txt", 3), ("lions/l.txt", 4)]
+                   ("dogs/a.txt", 3), ("dogs/b.txt", 3), ("dogs/gone.txt", 3), ("lions/l.txt", 5)]
     assert "2 broken symbolic link(s)" in caplog.text and f"{tree}/dogs/gone.txt" in caplog.text
     real_scandir = os.scandir
 

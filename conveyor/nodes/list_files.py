@@ -66,6 +66,16 @@ def _classes_by(label: str | None, root: str, url: str) -> Callable[[str], str] 
     return top
 
 
+def _class_folders(root: str, found: list[str]) -> set[str]:
+    """The visible folders right below ``root``: those the listing passed through, and on the
+    local disk every one there, empty or not (object storage has no empty folders)."""
+    names = {p[len(root) + 1:].split("/", 1)[0] for p in found
+             if p.startswith(root + "/") and "/" in p[len(root) + 1:]}
+    if os.path.isdir(root):
+        names.update(e.name for e in os.scandir(root) if e.is_dir())
+    return {n for n in names if not n.startswith(".")}
+
+
 def suffixes(extensions: list[str]) -> tuple[str, ...]:
     """``[".JPG", "png"]`` as ``(".jpg", ".png")``: lower case, each with its dot."""
     if isinstance(extensions, str) or not extensions or not all(isinstance(e, str) and e.strip(".")
@@ -74,17 +84,24 @@ def suffixes(extensions: list[str]) -> tuple[str, ...]:
     return tuple("." + e.lower().lstrip(".") for e in extensions)
 
 
+def _hidden(path: str, root: str) -> bool:
+    """Whether the file, or a folder it is in below ``root``, is hidden (``._x.jpg``: macOS's
+    resource forks; ``.ipynb_checkpoints/``: Jupyter's copies)."""
+    rel = path[len(root) + 1:] if root and path.startswith(root + "/") else path.rsplit("/", 1)[-1]
+    return any(part.startswith(".") for part in rel.split("/"))
+
+
 def with_suffix(paths: list[str], ends: tuple[str, ...] | None, url: str, who: str = "list_files",
-                hint: str = "") -> list[str]:
+                hint: str = "", root: str = "") -> list[str]:
     """The paths whose name ends in one of ``ends`` (lower case; the names in any case; None:
-    any extension) and is not hidden (``._x.jpg``: macOS's resource forks). What is left out
-    is named: in a warning, or in a ``SourceError`` when nothing is kept."""
+    any extension) and are not hidden (``_hidden``: the file or a folder below ``root``).
+    What is left out is named: in a warning, or in a ``SourceError`` when nothing is kept."""
     kept: list[str] = []
     left: Counter = Counter()  # what is left out: "hidden" or the extension
     for p in paths:
         name = p.rstrip("/").rsplit("/", 1)[-1]
         ext = os.path.splitext(name)[1].lower()
-        if name.startswith("."):
+        if _hidden(p, root):
             left["hidden"] += 1
         elif name.lower().endswith(ends) if ends is not None else ext:
             kept.append(p)
@@ -120,11 +137,13 @@ class ListFiles(BaseNode[dict]):
             without a glob lists every file below it.
         extensions: keep only the matches whose name ends in one of these, in any case
             (``[".jpg", ".jpeg", ".png"]`` takes ``a.JPG`` and ``b.jpeg``), as torchvision's
-            ``ImageFolder`` does; None keeps every match.
+            ``ImageFolder`` does, and not hidden (a ``.`` name, or in a ``.`` folder below the
+            url's fixed part); what is left out is named in a warning. None keeps every match.
         label: ``None``; ``"parent_dir"`` (class index from the parent folder's name); or
             ``"top_dir"`` (from the first folder below the url's part before its wildcards, as
             ``ImageFolder`` numbers ``root/<class>/**``: images in subfolders of a class folder
-            are that class's).
+            are that class's, and every visible class folder has its number, listed files or
+            not, with a warning: train and val agree when a val folder is empty).
         shuffle: permute the listing each epoch, seeded by (seed, epoch).
         seed: the shuffle's seed.
         storage_options: passed to fsspec (endpoint, credentials); never logged.
@@ -169,14 +188,23 @@ class ListFiles(BaseNode[dict]):
 
     def _list(self) -> tuple[list[str], list[dict]]:
         """(the sorted paths, their records); sets ``classes``."""
-        root, paths = _glob(self.url, self.storage_options)
-        if not paths:
+        root, found = _glob(self.url, self.storage_options)
+        if not found:
             raise SourceError(f"list_files: no file matches {self.url!r} (check the path and the glob)")
+        paths = found
         if self.extensions is not None:
-            paths = with_suffix(paths, self.extensions, self.url, hint="; set extensions to take them")
+            paths = with_suffix(found, self.extensions, self.url, hint="; set extensions to take them",
+                                root=root)
         class_of = _classes_by(self.label, root, self.url)
         names = [class_of(p) for p in paths] if class_of else []
-        classes = {n: i for i, n in enumerate(sorted(set(names)))}
+        folders = set(names)
+        if self.label == "top_dir":  # numbered as ImageFolder numbers them, listed files or not
+            folders |= _class_folders(root, found)
+            empty = sorted(folders - set(names))
+            if empty:
+                log.warning("list_files: class folder(s) under %r with no file listed, their labels "
+                            "kept free: %s", root, ", ".join(empty[:5]) + (" ..." if len(empty) > 5 else ""))
+        classes = {n: i for i, n in enumerate(sorted(folders))}
         records = [{"path": p, "label": classes[names[i]] if names else -1, "index": i}
                    for i, p in enumerate(paths)]
         self.classes = sorted(classes, key=classes.__getitem__)
