@@ -239,7 +239,10 @@ def _local_files(root: str, depth: int | None = None) -> list[str]:
                 if entry.is_symlink() and not os.path.exists(entry.path):
                     broken.append(entry.path)
                 continue
-            st = os.stat(entry.path)
+            try:
+                st = os.stat(entry.path)
+            except OSError as exc:  # gone since, or a link to a folder this user cannot reach
+                raise SourceError(f"cannot list {entry.path}: {exc.strerror or exc}") from exc
             if (st.st_dev, st.st_ino) not in inside:
                 stack.append((entry.path, inside | {(st.st_dev, st.st_ino)}))
     if broken:  # a link to a class folder that moved would otherwise just not match */**
