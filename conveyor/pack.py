@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import ConveyorError, SourceError
-from conveyor.nodes.list_files import suffixes, with_suffix
+from conveyor.nodes.list_files import below, suffixes, with_suffix
 from conveyor.shrink import DEFAULT_QUALITY, shrink
 from conveyor.storage import RetryPolicy, Storage, is_local, parse_size, redact
 
@@ -99,7 +99,7 @@ def list_samples(storage: Storage, src: str,
     ends = None if extensions is None else suffixes(extensions)
     root = storage.glob_root(pattern)
     files = with_suffix(storage.glob(pattern), ends, redact(pattern), who="pack", root=root)
-    rel = [u[len(root) + 1:] for u in files]  # <class>/.../<name>.<ext>
+    rel = [below(u, root) for u in files]  # <class>/.../<name>.<ext>
     classes = sorted({r.split("/", 1)[0] for r in rel})
     number = {c: i for i, c in enumerate(classes)}
     samples, seen = [], {}

@@ -119,7 +119,9 @@ class Lender:
         if not slots:
             budget = max(1, budget)  # the first slot always
         shm = shm_room(nbytes)
-        room = min(len(self.flags) - len(slots), budget, budget if shm is None else shm)
+        if shm is not None:
+            budget = min(budget, shm)
+        room = min(len(self.flags) - len(slots), budget)
         for _ in range(min(len(slots) or self.first, room)):
             slots.append(torch.empty(nbytes, dtype=torch.uint8).share_memory_())
             self.sent.append(False)

@@ -49,6 +49,11 @@ def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[s
         storage.close()
 
 
+def below(path: str, root: str) -> str | None:
+    """The part of ``path`` below the folder ``root`` (``a/b.jpg``), or None outside it."""
+    return path[len(root) + 1:] if root and path.startswith(root + "/") else None
+
+
 def _classes_by(label: str | None, root: str, url: str) -> Callable[[str], str] | None:
     """What names a path's class: its parent folder, or the first folder below ``root``."""
     if label == "parent_dir":
@@ -57,8 +62,8 @@ def _classes_by(label: str | None, root: str, url: str) -> Callable[[str], str] 
         return None
 
     def top(p: str) -> str:
-        head, slash, rest = p[len(root) + 1:].partition("/")
-        if not p.startswith(root + "/") or not slash:
+        head, slash, _ = (below(p, root) or "").partition("/")
+        if not slash:
             raise SourceError(f"list_files: {p!r} is not in a folder below {root!r}, the part of "
                               f"{url!r} before its wildcards: label top_dir takes that folder as the class")
         return head
@@ -69,8 +74,7 @@ def _classes_by(label: str | None, root: str, url: str) -> Callable[[str], str] 
 def _class_folders(root: str, found: list[str]) -> set[str]:
     """The visible folders right below ``root``: those the listing passed through, and on the
     local disk every one there, empty or not (object storage has no empty folders)."""
-    names = {p[len(root) + 1:].split("/", 1)[0] for p in found
-             if p.startswith(root + "/") and "/" in p[len(root) + 1:]}
+    names = {rel.split("/", 1)[0] for rel in (below(p, root) for p in found) if rel and "/" in rel}
     if os.path.isdir(root):
         names.update(e.name for e in os.scandir(root) if e.is_dir())
     return {n for n in names if not n.startswith(".")}
@@ -87,7 +91,7 @@ def suffixes(extensions: list[str]) -> tuple[str, ...]:
 def _hidden(path: str, root: str) -> bool:
     """Whether the file, or a folder it is in below ``root``, is hidden (``._x.jpg``: macOS's
     resource forks; ``.ipynb_checkpoints/``: Jupyter's copies)."""
-    rel = path[len(root) + 1:] if root and path.startswith(root + "/") else path.rsplit("/", 1)[-1]
+    rel = below(path, root) or path.rsplit("/", 1)[-1]
     return any(part.startswith(".") for part in rel.split("/"))
 
 
