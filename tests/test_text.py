@@ -290,6 +290,38 @@ def test_pad_collate_node_counts_tokens():
         PadCollate(IterableWrapper([]), side="middle")
 
 
+@pytest.mark.parametrize("labelled_first", [True, False])
+def test_samples_of_a_batch_with_other_fields_are_named_not_dropped(labelled_first):
+    with_label = {"input_ids": [1, 2], "label": 3, "file": "a.jsonl", "line": 4}
+    without = {"input_ids": [5], "file": "b.jsonl", "line": 9}
+    samples = [with_label, without] if labelled_first else [without, with_label]
+    # a label only some samples carry was a bare KeyError, or (first sample unlabelled) left out
+    with pytest.raises(ValueError, match=r"sample 1 \((a|b).jsonl:(4|9)\) of the batch (lacks|has) fields \['label'\]"):
+        pad_collate(samples)
+    with pytest.raises(ValueError, match="sample 1 of the batch is a list"):
+        pad_collate([{"input_ids": [1]}, [2]])
+
+
+def test_mixing_a_labelled_and_an_unlabelled_source_names_the_sample_and_node(tmp_path, write_spec):
+    _write_jsonl(tmp_path / "plain" / "a.jsonl", ["one text", "two texts"])
+    (tmp_path / "tagged").mkdir()
+    (tmp_path / "tagged" / "b.jsonl").write_text('{"text": "labelled", "label": 1}\n', encoding="utf-8")
+    spec = write_spec(f"""
+nodes:
+  fa:  {{op: list_files, url: "{tmp_path}/plain/*.jsonl"}}
+  ra:  {{op: read_jsonl}}
+  fb:  {{op: list_files, url: "{tmp_path}/tagged/*.jsonl"}}
+  rb:  {{op: read_jsonl}}
+  mix: {{op: mix, input: [ra, rb], weights: [1, 1]}}
+  tok: {{op: map, fn: "conveyor.text:byte_tokenize"}}
+  batch: {{op: batch, size: 3}}
+  pad: {{op: pad_collate, fields: [input_ids]}}
+""")
+    with load_graph(spec) as loader, pytest.raises(ValueError, match="of the batch (lacks|has) fields") as err:
+        list(loader)
+    assert any("node 'pad' (pad_collate)" in note for note in err.value.__notes__)
+
+
 # ----- through the nodes: too long, and an overflow naming file and line -----------------------
 
 
