@@ -300,6 +300,8 @@ def test_samples_of_a_batch_with_other_fields_are_named_not_dropped(labelled_fir
         pad_collate(samples)
     with pytest.raises(ValueError, match="sample 1 of the batch is a list"):
         pad_collate([{"input_ids": [1]}, [2]])
+    with pytest.raises(ValueError, match="sample 1 of the batch is a int"):
+        pad_collate([{"input_ids": [1]}, 7])
 
 
 def test_mixing_a_labelled_and_an_unlabelled_source_names_the_sample_and_node(tmp_path, write_spec):

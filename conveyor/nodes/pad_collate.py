@@ -260,7 +260,11 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
         missing = [n for n in names if n not in first]
         if missing:
             raise ValueError(f"fields {missing} are not in the samples (fields: {list(first)})")
-        if len(set(map(len, samples))) > 1:  # (a full check of every sample's keys costs more)
+        try:  # (a full check of every sample's keys costs more)
+            sizes = len(set(map(len, samples)))
+        except TypeError:  # a sample with no len(): not a dict
+            sizes = 2
+        if sizes > 1:
             _same_keys(samples)
         out: dict[str, Any] = {}
         extra: dict[str, Any] = {}
