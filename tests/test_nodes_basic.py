@@ -652,6 +652,24 @@ def test_mix_weights_zero_never_draws_and_bad_arguments():
             Mix([IterableWrapper("ab"), IterableWrapper("xy")], **kw)
 
 
+@pytest.mark.parametrize("weights", [[float("nan"), 1], [float("inf"), 1], [1e308, 1e308], [1, True]])
+def test_mix_refuses_weights_that_are_not_finite(weights, write_spec):
+    # [nan, 1] and [inf, 1] drew the last input still running every time: "ab" then "xy", unmixed
+    with pytest.raises(ValueError, match="finite"):
+        Mix([IterableWrapper("ab"), IterableWrapper("xy")], weights=weights)
+    for w in (".nan", ".inf", "-.inf"):
+        spec = write_spec(f"""
+nodes:
+  a: {{op: list_files, url: "x/*"}}
+  b: {{op: list_files, url: "y/*"}}
+  m: {{op: mix, input: [a, b], weights: [{w}, 1]}}
+""")
+        with pytest.raises(conveyor.SpecErrors) as info:
+            conveyor.load_graph(spec)
+        (err,) = [e for e in info.value.errors if e.node == "m"]
+        assert err.param == "weights" and "weight 0 is" in err.message and "finite" in err.message
+
+
 @pytest.mark.parametrize("stop", ["all", "first"])
 def test_mix_resumes(stop):
     resumes_from_every_step(lambda: make_mix(stop, weights=(2, 1), sizes=(6, 9)))

@@ -23,7 +23,7 @@ from conveyor.nodes.filter import Filter
 from conveyor.nodes.list_files import ListFiles, suffixes
 from conveyor.nodes.map import Map
 from conveyor.nodes.map_batches import MapBatches, wants_rng
-from conveyor.nodes.mix import Mix
+from conveyor.nodes.mix import Mix, weights_problem
 from conveyor.nodes.pin_memory import PinMemory
 from conveyor.nodes.prefetch import Prefetch
 from conveyor.nodes.shard import Shard
@@ -287,8 +287,9 @@ def _check_mix(p: MixParams, n_inputs: int) -> list[tuple[str, str]]:
     errors = []
     if len(p.weights) != n_inputs:
         errors.append(("weights", f"expected one weight per input ({n_inputs}), got {len(p.weights)}"))
-    if any(w < 0 for w in p.weights) or not any(w > 0 for w in p.weights):
-        errors.append(("weights", "weights must be >= 0 and not all 0"))
+    problem = weights_problem(p.weights)
+    if problem:
+        errors.append(("weights", problem))
     return errors
 
 

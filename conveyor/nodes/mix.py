@@ -10,6 +10,7 @@ weights), ``first`` (as soon as one input is exhausted, so the mix keeps its pro
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from torchdata.nodes import BaseNode
@@ -17,6 +18,22 @@ from torchdata.nodes import BaseNode
 from conveyor.nodes._rng import uniform
 
 STOPS = ("all", "first", "forever")
+
+
+def weights_problem(weights: Sequence[float]) -> str | None:
+    """Why ``weights`` cannot weigh the inputs of a mix, or ``None``. A NaN or infinite weight
+    (YAML's ``.nan``, ``.inf``), or weights whose sum overflows, made every draw pick the last
+    input still running: the inputs one after the other, not mixed."""
+    bad = [(i, w) for i, w in enumerate(weights) if not isinstance(w, (int, float)) or isinstance(w, bool)
+           or not math.isfinite(w) or w < 0]
+    if bad:
+        i, w = bad[0]
+        return f"weights must be finite numbers >= 0; weight {i} is {w!r}"
+    if not any(w > 0 for w in weights):
+        return "weights are all 0: nothing could be drawn"
+    if not math.isfinite(sum(weights)):
+        return f"weights must have a finite sum, got {weights!r}"
+    return None
 
 
 class Mix(BaseNode):
@@ -46,8 +63,9 @@ class Mix(BaseNode):
             raise ValueError("mix needs at least one input")
         if len(weights) != len(sources):
             raise ValueError(f"{len(weights)=} must equal the number of inputs ({len(sources)})")
-        if any(w < 0 for w in weights) or not any(w > 0 for w in weights):
-            raise ValueError(f"{weights=} must be >= 0 and not all 0")
+        problem = weights_problem(weights)
+        if problem:
+            raise ValueError(f"{weights=}: {problem}")
         if stop not in STOPS:
             raise ValueError(f"{stop=} must be one of {STOPS}")
         self.sources = list(sources)
