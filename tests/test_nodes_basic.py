@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import logging
@@ -673,6 +674,21 @@ nodes:
 @pytest.mark.parametrize("stop", ["all", "first"])
 def test_mix_resumes(stop):
     resumes_from_every_step(lambda: make_mix(stop, weights=(2, 1), sizes=(6, 9)))
+
+
+@pytest.mark.parametrize("stop", ["all", "first"])
+def test_mix_counts_what_each_input_gave_across_a_resume(stop):
+    full = make_mix(stop, weights=(2, 1), sizes=(6, 9))
+    run(full)
+    for k in (0, 3, 7):
+        node = make_mix(stop, weights=(2, 1), sizes=(6, 9))
+        node.reset()
+        take(node, k)
+        again = make_mix(stop, weights=(2, 1), sizes=(6, 9))
+        again.reset(json.loads(json.dumps(node.state_dict())))
+        assert again.stats() == node.stats()  # were [0, 0] after the load: the counts of the
+        list(again)                           # epoch's first k draws lost
+        assert again.stats() == full.stats(), k
 
 
 def test_mix_resumes_across_a_restart():

@@ -2,9 +2,10 @@
 
 Each draw picks an input with probability proportional to its weight among the inputs still
 running, from a counter-based generator over (seed, epoch, draw number): the state is the
-inputs' states, the number of draws and which inputs are done. ``stop`` says when an epoch
-ends: ``all`` (when every input is exhausted; the others carry on with renormalised
-weights), ``first`` (as soon as one input is exhausted, so the mix keeps its proportions),
+inputs' states, the number of draws, which inputs are done and how many items each gave
+(``stats()["drawn"]``, so the counts of a resumed epoch are the uninterrupted run's).
+``stop`` says when an epoch ends: ``all`` (when every input is exhausted; the others carry on
+with renormalised weights), ``first`` (as soon as one input is exhausted, so the mix keeps its proportions),
 ``forever`` (an exhausted input restarts from its beginning; the epoch never ends).
 """
 
@@ -55,6 +56,7 @@ class Mix(BaseNode):
     INPUTS_KEY = "inputs"
     DRAWS_KEY = "draws"
     DONE_KEY = "done"
+    DRAWN_KEY = "drawn"
 
     def __init__(self, sources: Sequence[BaseNode], *, weights: Sequence[float], stop: str = "all",
                  seed: int = 0):
@@ -91,6 +93,7 @@ class Mix(BaseNode):
                 src.reset(st)
             self._draws = initial_state[self.DRAWS_KEY]
             self._done = list(initial_state[self.DONE_KEY])
+            self.counts = list(initial_state.get(self.DRAWN_KEY) or self.counts)  # (older states lack it)
         else:
             for src in self.sources:
                 src.reset()
@@ -132,4 +135,4 @@ class Mix(BaseNode):
 
     def get_state(self) -> dict:
         return {self.INPUTS_KEY: [s.state_dict() for s in self.sources], self.DRAWS_KEY: self._draws,
-                self.DONE_KEY: list(self._done)}
+                self.DONE_KEY: list(self._done), self.DRAWN_KEY: list(self.counts)}
