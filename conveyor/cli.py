@@ -516,6 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except ConveyorError as exc:
         print(f"conveyor: {type(exc).__name__}: {exc}", file=sys.stderr)
+        for note in getattr(exc, "__notes__", ()):  # the node it came from ("in node 'read' ...")
+            print(f"  {note}", file=sys.stderr)
         return 1
 
 

@@ -108,6 +108,34 @@ def test_bad_lines_name_file_and_line_or_are_counted(tmp_path, line, why):
     assert node.stats()["skipped"] == 1
 
 
+def test_a_bad_line_or_file_names_the_reading_node_in_python_and_in_the_cli(tmp_path, write_spec, capsys):
+    from conveyor import cli
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "bad.jsonl").write_text('{"text": "ok"}\n{"text": "cut\n{"text": "fine"}\n', encoding="utf-8")
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 not parquet at all")
+    pq.write_table(pa.table({"body": ["x"]}), tmp_path / "ok.parquet")
+    cases = [("jsonl", "read_jsonl", "bad.jsonl:2: not JSON"),
+             ("parquet", "read_parquet", "bad.parquet: cannot read it as Parquet"),
+             ("parquet", "read_parquet", "ok.parquet: no column 'text'")]
+    for ext, op, message in cases:
+        columns = ", columns: [text]" if "column" in message else ""
+        glob = message.split(":")[0] if ext == "parquet" else f"*.{ext}"
+        spec = write_spec(f"""
+nodes:
+  files: {{op: list_files, url: "{tmp_path}/{glob}"}}
+  read:  {{op: {op}{columns}}}
+""")
+        # the error said which file and line, but not which node of the graph read it
+        with load_graph(spec) as loader, pytest.raises(SampleError, match=message) as err:
+            list(loader)
+        assert err.value.__notes__ == [f"in node 'read' ({op}) from {spec}:4"]
+        assert cli.main(["run", str(spec), "-q"]) == 1
+        printed = capsys.readouterr().err
+        assert message in printed and f"in node 'read' ({op}) from {spec}:4" in printed, printed
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "lines"])
 def test_blank_lines_and_a_byte_order_mark_hold_no_record(tmp_path, fmt):
     path = tmp_path / "windows.jsonl"

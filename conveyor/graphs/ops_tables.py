@@ -35,7 +35,7 @@ def _build_read_parquet(p: ReadParquetParams, inputs: list[BaseNode], ctx: Build
     from conveyor.nodes.read_parquet import ReadParquet
 
     return ReadParquet(inputs[0], columns=p.columns, batch_rows=p.batch_rows, on_error=p.on_error.value,
-                       storage_options=p.storage_options)
+                       storage_options=p.storage_options, where=ctx.where)
 
 
 def _check_read_parquet(p: ReadParquetParams, n_inputs: int) -> list[tuple[str, str]]:

@@ -47,7 +47,7 @@ class ReadJsonlParams:
 
 def _build_read_jsonl(p: ReadJsonlParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
     return ReadJsonl(inputs[0], format=p.format.value, field=p.field, on_error=p.on_error.value,
-                     encoding=p.encoding, storage_options=p.storage_options)
+                     encoding=p.encoding, storage_options=p.storage_options, where=ctx.where)
 
 
 def _check_read_jsonl(p: ReadJsonlParams, n_inputs: int) -> list[tuple[str, str]]:

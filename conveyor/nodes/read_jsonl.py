@@ -71,6 +71,7 @@ class ReadJsonl(BaseNode[dict]):
         on_error: ``"raise"`` (``SampleError`` naming file and line) or ``"skip"`` (counted).
         encoding: the files' text encoding.
         storage_options: passed to fsspec (endpoint, credentials); never logged.
+        where: text for error notes (the node and spec line).
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -90,7 +91,7 @@ class ReadJsonl(BaseNode[dict]):
 
     def __init__(self, source: BaseNode, *, format: str = "jsonl", field: str | None = "text",
                  on_error: str = "raise", encoding: str = "utf-8",
-                 storage_options: dict[str, Any] | None = None):
+                 storage_options: dict[str, Any] | None = None, where: str | None = None):
         super().__init__()
         if format not in FORMATS:
             raise ValueError(f"{format=} must be one of {FORMATS}")
@@ -104,6 +105,7 @@ class ReadJsonl(BaseNode[dict]):
         self.on_error = on_error
         self.encoding = encoding
         self.storage_options = storage_options
+        self.where = where or "read_jsonl"
         self.skipped = 0
         self.ledger = SkipLedger()
         self.files = 0
@@ -138,14 +140,14 @@ class ReadJsonl(BaseNode[dict]):
     def _open(self, record: dict, offset: int, *, count: bool = True) -> None:
         path = record.get("path") if isinstance(record, dict) else None
         if not isinstance(path, str):
-            raise SampleError(f"read_jsonl expects file records with a 'path' (from list_files), got {record!r}")
+            raise self._error(f"read_jsonl expects file records with a 'path' (from list_files), got {record!r}")
         try:
             self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
             if offset:
                 self._fh.seek(offset)
         except OSError as exc:
             self.close()
-            raise SampleError(f"read_jsonl: cannot open {path}: {exc.strerror or exc}") from exc
+            raise self._error(f"read_jsonl: cannot open {path}: {exc.strerror or exc}") from exc
         self._file = record
         self._offset = offset
         self._path = path
@@ -254,10 +256,16 @@ class ReadJsonl(BaseNode[dict]):
                 return None
         return record
 
+    def _error(self, message: str) -> SampleError:
+        """A ``SampleError`` with a note naming the node (the spec's node and line in a graph)."""
+        exc = SampleError(message)
+        exc.add_note(f"in {self.where}")
+        return exc
+
     def _bad(self, why: str) -> None:
         where = f"{self._file['path']}:{self._line}"  # type: ignore[index]
         if self.on_error == "raise":
-            raise SampleError(f"{where}: {why} (set on_error: skip to count and skip bad lines)")
+            raise self._error(f"{where}: {why} (set on_error: skip to count and skip bad lines)")
         self.skipped += 1
         self.ledger.add(where, "SampleError", why)
         log_skip(log, self.skipped, f"read_jsonl: skipped {where}: {why}")

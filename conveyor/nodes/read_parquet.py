@@ -53,6 +53,7 @@ class ReadParquet(BaseNode[dict]):
         batch_rows: rows decoded into Python at a time (memory, not semantics).
         on_error: ``"raise"`` (``SampleError`` naming the file and row group) or ``"skip"``.
         storage_options: passed to fsspec for non-local URLs; never logged.
+        where: text for error notes (the node and spec line).
 
     Example:
         >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -72,7 +73,8 @@ class ReadParquet(BaseNode[dict]):
     FILES_KEY = "files"
 
     def __init__(self, source: BaseNode, *, columns: list[str] | None = None, batch_rows: int = 1024,
-                 on_error: str = "raise", storage_options: dict[str, Any] | None = None):
+                 on_error: str = "raise", storage_options: dict[str, Any] | None = None,
+                 where: str | None = None):
         super().__init__()
         if on_error not in ON_ERROR:
             raise ValueError(f"{on_error=} must be one of {ON_ERROR}")
@@ -85,6 +87,7 @@ class ReadParquet(BaseNode[dict]):
         self.batch_rows = batch_rows
         self.on_error = on_error
         self.storage_options = storage_options
+        self.where = where or "read_parquet"
         self.skipped = self.skipped_files = self.files = 0
         self.ledger = SkipLedger()
         self._file_state: dict | None = None
@@ -116,7 +119,7 @@ class ReadParquet(BaseNode[dict]):
         """Open ``record``'s file; False when it was skipped (on_error: skip)."""
         path = record.get("path") if isinstance(record, dict) else None
         if not isinstance(path, str):
-            raise SampleError(f"read_parquet expects file records with a 'path' (from list_files), got {record!r}")
+            raise self._error(f"read_parquet expects file records with a 'path' (from list_files), got {record!r}")
         pq = _pyarrow()
         self._file = record
         try:
@@ -142,10 +145,16 @@ class ReadParquet(BaseNode[dict]):
             n += meta.row_group(g).num_rows
         return True
 
+    def _error(self, message: str) -> SampleError:
+        """A ``SampleError`` with a note naming the node (the spec's node and line in a graph)."""
+        exc = SampleError(message)
+        exc.add_note(f"in {self.where}")
+        return exc
+
     def _bad_file(self, why: str) -> bool:
         where = self._file["path"]  # type: ignore[index]
         if self.on_error == "raise":
-            raise SampleError(f"read_parquet: {where}: {why} (set on_error: skip to count and skip bad files)")
+            raise self._error(f"read_parquet: {where}: {why} (set on_error: skip to count and skip bad files)")
         self.skipped_files += 1
         self.ledger.add(where, "SampleError", why)
         log_skip(log, self.skipped + self.skipped_files, f"read_parquet: skipped {where}: {why}")
@@ -175,7 +184,7 @@ class ReadParquet(BaseNode[dict]):
         where = f"{self._file['path']} row group {self._group}"  # type: ignore[index]
         why = f"cannot decode ({type(exc).__name__}: {exc})"
         if self.on_error == "raise":
-            raise SampleError(f"read_parquet: {where}: {why}") from exc
+            raise self._error(f"read_parquet: {where}: {why}") from exc
         rows = self._pf.metadata.row_group(self._group).num_rows - self._row
         self.skipped += rows
         self.ledger.add(f"{where} ({rows} rows)", exc, why)
@@ -203,7 +212,7 @@ class ReadParquet(BaseNode[dict]):
         self._group, self._row = initial_state[self.GROUP_KEY], initial_state[self.ROW_KEY]
         if initial_state[self.OPEN_KEY]:
             if not self._open(next(self.source)):
-                raise SampleError(f"read_parquet: {self._file['path']} can no longer be read where the "  # type: ignore[index]
+                raise self._error(f"read_parquet: {self._file['path']} can no longer be read where the "  # type: ignore[index]
                                   "state was taken")
             if self._group < len(self._starts):
                 self._load_group(self._row)
