@@ -97,6 +97,7 @@ def test_read_jsonl_from_fsspec_url_and_gzip(tmp_path):
     ('{"other": 1}', "no field 'text'"),
     ('{"text": "   "}', "field 'text' is empty"),
     ('{"text": 5}', "field 'text' is int"),
+    ('{"text": null}', "field 'text' is null"),  # it said "no field 'text'", which it has
 ])
 def test_bad_lines_name_file_and_line_or_are_counted(tmp_path, line, why):
     path = tmp_path / "bad.jsonl"

@@ -300,7 +300,7 @@ class ReadJsonl(BaseNode[dict]):
         if self.field is not None:
             value = record.get(self.field)
             if value is None:
-                self._bad(f"no field {self.field!r}")
+                self._bad(f"field {self.field!r} is null" if self.field in record else f"no field {self.field!r}")
                 return None
             if not isinstance(value, str):
                 self._bad(f"field {self.field!r} is {type(value).__name__}, expected a string")
