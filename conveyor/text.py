@@ -15,12 +15,12 @@ array in a field works the same way.
   (``pip install conveyor[text]``), read once per path and process; ``train_tokenizer`` makes
   a small one from JSONL files (tests, examples).
 
-``byte_tokenize`` and ``hf_tokenize`` also take a *list* of records and return a list of
-outputs, which is how ``map`` with ``batch: N`` calls them: one call tokenizes N records
-(``encode_batch``, in Rust and in parallel, for ``hf_tokenize``; one buffer for
-``byte_tokenize``). A list's ids are 1-D numpy arrays, views of one buffer per call
-(a tensor each would cost more than tokenizing a short text); ``pad_collate`` and
-``collate`` turn them into tensors per batch.
+All three also take a *list* of records and return a list of outputs, which is how ``map``
+with ``batch: N`` calls them: one call tokenizes N records (``encode_batch``, in Rust and in
+parallel, for ``hf_tokenize``; one buffer for ``byte_tokenize``; a loop for
+``vocab_tokenize``). The ids of a list from the first two are 1-D numpy arrays, views of one
+buffer per call (a tensor each would cost more than tokenizing a short text); ``pad_collate``
+and ``collate`` turn them into tensors per batch.
 
 ``dtype`` (default ``int64``, what embedding layers take) may name a narrower integer type
 that holds every id: ``uint8`` for bytes, ``int32`` for a vocabulary. The ids then take an
@@ -69,6 +69,8 @@ def _where(item: Any) -> str:
 def _text(item: Any, field: str) -> str:
     if isinstance(item, str):
         return item
+    if isinstance(item, list):
+        raise SampleError(f"expected a record (a dict with {field!r}) or a string, got a list of {len(item)}")
     if not isinstance(item, dict) or field not in item:
         raise SampleError(f"{_where(item)}: no field {field!r} to tokenize"
                           + (f" (fields: {', '.join(map(str, item))})" if isinstance(item, dict) else ""))
@@ -260,11 +262,12 @@ def load_vocab(path: str) -> dict[str, int]:
 
 def vocab_tokenize(item: Any, *, vocab: str, field: str = "text", max_length: int | None = None,
                    unk: str = "<unk>", bos: str | None = None, eos: str | None = None,
-                   lowercase: bool = False) -> dict[str, Any]:
+                   lowercase: bool = False) -> Any:
     """Whitespace tokens mapped to ids through a vocabulary file.
 
     Args:
-        item: a record with a text field, or a string.
+        item: a record with a text field, or a string; or a list of them (``map`` with
+            ``batch: N``), which gives a list of outputs.
         vocab: path or URL of the vocabulary (one token per line, id = line number).
         field: the record's text field.
         max_length: keep at most this many ids (specials included).
@@ -285,6 +288,13 @@ def vocab_tokenize(item: Any, *, vocab: str, field: str = "text", max_length: in
         specials.append(None if tok is None else table[tok])
     unk_id, bos_id, eos_id = specials
     _check_max_length(max_length, (bos is not None) + (eos is not None))
+    if isinstance(item, list):
+        return [_vocab_ids(x, table, field, max_length, unk_id, bos_id, eos_id, lowercase) for x in item]
+    return _vocab_ids(item, table, field, max_length, unk_id, bos_id, eos_id, lowercase)
+
+
+def _vocab_ids(item: Any, table: dict[str, int], field: str, max_length: int | None, unk_id: int,
+               bos_id: int | None, eos_id: int | None, lowercase: bool) -> dict[str, Any]:
     text = _text(item, field)
     _check_unicode(item, text, field)
     if lowercase:

@@ -205,6 +205,31 @@ def test_vocab_tokenize_and_cache(tmp_path):
     assert len(load_vocab(str(SAMPLE / "vocab.txt"))) > 1000
 
 
+def test_vocab_tokenize_takes_the_lists_of_a_batch_map(tmp_path, write_spec):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("<pad>\n<unk>\nthe\ncat\nsat\n")
+    _write_jsonl(tmp_path / "data" / "a.jsonl", ["the cat sat", "cat", "the the the cat", "sat", "dog"])
+    kw = dict(vocab=str(vocab), max_length=3)
+    assert [o["input_ids"].tolist() for o in vocab_tokenize(["the cat", {"text": "dog sat"}], **kw)] == [
+        [2, 3], [1, 4]]
+    # with `batch: 2` its map gave it lists, and every record failed as "item: no field 'text'"
+    batches = {}
+    for batch in ("", ", batch: 2"):
+        spec = write_spec(f"""
+nodes:
+  files: {{op: list_files, url: "{tmp_path}/data/*.jsonl"}}
+  read:  {{op: read_jsonl}}
+  tok:   {{op: map, fn: "conveyor.text:vocab_tokenize", args: {{vocab: "{vocab}", max_length: 3}}{batch}}}
+  batch: {{op: batch, size: 2}}
+  pad:   {{op: pad_collate, fields: [input_ids]}}
+""", f"spec{len(batch)}.yaml")
+        with load_graph(spec) as loader:
+            batches[batch] = [b["input_ids"].tolist() for b in loader]
+    assert batches[""] == batches[", batch: 2"] == [[[2, 3, 4], [3, 0, 0]], [[2, 2, 2], [4, 0, 0]], [[1]]]
+    with pytest.raises(SampleError, match="expected a record .* got a list of 1"):
+        vocab_tokenize([["nested"]], **kw)
+
+
 # ----- pad_collate --------------------------------------------------------------------------
 
 DTYPES = [torch.long, torch.int32, torch.uint8, torch.int8, torch.float32, torch.float16, torch.float64,
