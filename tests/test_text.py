@@ -148,6 +148,29 @@ def test_blank_lines_and_a_byte_order_mark_hold_no_record(tmp_path, fmt):
     assert node.stats()["skipped"] == 0
 
 
+def test_an_encoding_lines_cannot_be_cut_in_is_refused_before_reading(tmp_path, write_spec):
+    rows = '{"text": "Größe"}\n{"text": "Maß"}\n'
+    for enc in ("utf-16", "latin-1", "utf-8-sig"):
+        (tmp_path / f"{enc}.jsonl").write_text(rows, encoding=enc)
+    for enc in ("latin-1", "utf-8-sig"):
+        assert [r["text"] for r in _drain(_reader(str(tmp_path / f"{enc}.jsonl"), encoding=enc))] == ["Größe", "Maß"]
+    # utf-16 read its first line and called the second "not utf-16 text"; an unknown name was a
+    # LookupError at the first line
+    for enc, why in (("utf-16", "does not read ASCII bytes as ASCII text"), ("utf-32-le", "does not read ASCII"),
+                     ("no-such-codec", "unknown encoding 'no-such-codec'"), ("rot13", "does not read ASCII")):
+        with pytest.raises(ValueError, match=why):
+            _reader(str(tmp_path / "utf-16.jsonl"), encoding=enc)
+        spec = write_spec(f"""
+nodes:
+  files: {{op: list_files, url: "{tmp_path}/utf-16.jsonl"}}
+  read:  {{op: read_jsonl, encoding: {enc}}}
+""")
+        with pytest.raises(SpecErrors) as info:
+            check_spec(spec)
+        (err,) = info.value.errors
+        assert (err.node, err.param, err.line) == ("read", "encoding", 4) and why in err.message
+
+
 def test_not_utf8_is_a_bad_line(tmp_path):
     path = tmp_path / "bin.jsonl"
     path.write_bytes(b'{"text": "a"}\n\xff\xfe\n')

@@ -15,7 +15,7 @@ from conveyor.graphs.ops import BuildContext, OnError, elastic_through
 from conveyor.graphs.registry import Fn, OpSpec, param, resolve_fn
 from conveyor.nodes.bucket_batch import DEFAULT_POOL, BucketBatch
 from conveyor.nodes.pad_collate import PadCollate, check_dtype
-from conveyor.nodes.read_jsonl import ReadJsonl
+from conveyor.nodes.read_jsonl import ReadJsonl, encoding_problem
 
 
 class LineFormat(str, enum.Enum):
@@ -51,9 +51,13 @@ def _build_read_jsonl(p: ReadJsonlParams, inputs: list[BaseNode], ctx: BuildCont
 
 
 def _check_read_jsonl(p: ReadJsonlParams, n_inputs: int) -> list[tuple[str, str]]:
+    errors = []
     if p.field is not None and not p.field:
-        return [("field", "expected a field name or null, got an empty string")]
-    return []
+        errors.append(("field", "expected a field name or null, got an empty string"))
+    problem = encoding_problem(p.encoding)
+    if problem:
+        errors.append(("encoding", problem))
+    return errors
 
 
 # ----- bucket_batch ---------------------------------------------------------------------

@@ -36,6 +36,7 @@ bad lines like any other.
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 from typing import Any
@@ -58,6 +59,29 @@ NESTED = 256     # lines with this many brackets are parsed by the standard libr
 FORMATS = ("jsonl", "lines")
 ON_ERROR = ("raise", "skip")
 LINE_BITS = 32
+
+
+def encoding_problem(encoding: Any) -> str | None:
+    """Why files in ``encoding`` cannot be read line by line here, or ``None``. Lines are cut at
+    the byte ``\\n``, so the encoding must be one Python knows that writes ASCII as ASCII (UTF-8,
+    Latin-1, cp1252...): UTF-16 or UTF-32 text read that way failed from its second line on, and
+    an unknown name was a LookupError at the first line."""
+    if not isinstance(encoding, str) or not encoding:
+        return f"expected an encoding name, got {encoding!r}"
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        return f"unknown encoding {encoding!r}"
+    probe = b'{"text": "a"}\n'
+    try:
+        same = probe.decode(encoding) == probe.decode("ascii")
+    except (UnicodeDecodeError, LookupError, ValueError, TypeError):  # LookupError: not a text codec
+        same = False
+    if not same:
+        return (f"encoding {encoding!r} does not read ASCII bytes as ASCII text (UTF-16 and UTF-32 do "
+                "not, nor do codecs that are not text encodings), so lines cannot be cut at the newline "
+                "byte; convert the files to UTF-8")
+    return None
 
 
 class ReadJsonl(BaseNode[dict]):
@@ -99,6 +123,9 @@ class ReadJsonl(BaseNode[dict]):
             raise ValueError(f"{on_error=} must be one of {ON_ERROR}")
         if field is not None and (not isinstance(field, str) or not field):
             raise ValueError(f"{field=} must be a non-empty string or None")
+        problem = encoding_problem(encoding)
+        if problem:
+            raise ValueError(f"{encoding=}: {problem}")
         self.source = source
         self.format = format
         self.field = field
