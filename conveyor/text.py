@@ -59,6 +59,8 @@ def _where(item: Any) -> str:
     if isinstance(item, dict):
         if "file" in item and "line" in item:
             return f"{item['file']}:{item['line']}"
+        if "file" in item and "row" in item:  # read_parquet's provenance
+            return f"{item['file']} row {item['row']}"
         if "path" in item:
             return str(item["path"])
         if "index" in item:
@@ -76,7 +78,8 @@ def _text(item: Any, field: str) -> str:
                           + (f" (fields: {', '.join(map(str, item))})" if isinstance(item, dict) else ""))
     text = item[field]
     if not isinstance(text, str):
-        raise SampleError(f"{_where(item)}: field {field!r} is {type(text).__name__}, expected a string")
+        raise SampleError(f"{_where(item)}: field {field!r} is "
+                          f"{'null' if text is None else type(text).__name__}, expected a string")
     return text
 
 

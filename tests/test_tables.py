@@ -107,6 +107,20 @@ def test_bad_parquet_files_are_named_or_counted(tmp_path: Path, parquet_dir: Pat
         list(ReadParquet(ListFiles(url=str(tmp_path / "0-*.parquet")), columns=["text", "nope"]))
 
 
+def test_a_null_text_in_parquet_names_the_file_and_row(tmp_path: Path, write_spec) -> None:
+    pq.write_table(pa.table({"content": ["Größe", "مرحبا", None, "ok"]}), tmp_path / "t.parquet", row_group_size=2)
+    spec = write_spec(f"""
+nodes:
+  files: {{op: list_files, url: "{tmp_path}/*.parquet"}}
+  read:  {{op: read_parquet, columns: [content]}}
+  tok:   {{op: map, fn: "conveyor.text:byte_tokenize", args: {{field: content}}}}
+""")
+    # it was "item 2: field 'content' is NoneType": the file's index shifted 32 bits, plus the row
+    with load_graph(spec) as loader, \
+            pytest.raises(SampleError, match=r"t\.parquet row 2: field 'content' is null, expected a string"):
+        list(loader)
+
+
 def test_parquet_from_s3_reads_the_same_rows(s3, parquet_dir: Path) -> None:
     root = s3.upload(parquet_dir, "tables")
     remote = list(ReadParquet(ListFiles(url=root + "/*.parquet"), batch_rows=5))

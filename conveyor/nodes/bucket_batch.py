@@ -80,6 +80,8 @@ def _where(item: Any) -> str:
     if isinstance(item, dict):
         if "file" in item and "line" in item:
             return f"{item['file']}:{item['line']}"
+        if "file" in item and "row" in item:  # read_parquet's provenance
+            return f"{item['file']} row {item['row']}"
         if "index" in item:
             return f"item {item['index']}"
     return "an item"

@@ -199,6 +199,8 @@ def _collate(values: list) -> Any:
 def _named(sample: Any, i: int) -> str:
     if isinstance(sample, Mapping) and "file" in sample and "line" in sample:
         return f"sample {i} ({sample['file']}:{sample['line']})"
+    if isinstance(sample, Mapping) and "file" in sample and "row" in sample:
+        return f"sample {i} ({sample['file']} row {sample['row']})"
     if isinstance(sample, Mapping) and "index" in sample:
         return f"sample {i} (index {sample['index']})"
     return f"sample {i}"
