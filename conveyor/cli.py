@@ -490,8 +490,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _import_path(spec: Any) -> None:
+    """Put the current folder, then the spec's folder, first on the import path, as
+    ``python -m`` puts the current folder: a spec's ``fn: myfns:double`` finds ``myfns.py``
+    where the user runs the command or beside the spec (a console script's path holds
+    neither; ``load_graph`` in a script has the script's folder)."""
+    folders = [os.getcwd()]
+    if isinstance(spec, str) and os.path.isfile(spec):
+        folders.append(os.path.dirname(os.path.abspath(spec)))
+    for folder in reversed(folders):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _import_path(getattr(args, "spec", None))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

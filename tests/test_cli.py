@@ -197,6 +197,27 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     assert (rc, err) == (1, "")
 
 
+def test_fns_are_imported_from_the_current_folder_and_beside_the_spec(tmp_path):
+    # a console script's import path holds neither folder (unlike `python -m` or a script);
+    # `python -P` runs the CLI the same way: nothing of the current folder on the path
+    (tmp_path / "here").mkdir()
+    (tmp_path / "beside").mkdir()
+    (tmp_path / "here" / "fns_here.py").write_text("def double(item):\n    return item * 2\n")
+    (tmp_path / "beside" / "fns_beside.py").write_text("def nums():\n    return range(6)\n")
+    spec = tmp_path / "beside" / "s.yaml"
+    spec.write_text("nodes:\n  src: {op: iterable, iterable: 'fns_beside:nums'}\n"
+                    "  m: {op: map, fn: 'fns_here:double'}\n  b: {op: batch, size: 3}\noutput: b\n")
+    code = "import sys; from conveyor.cli import main; sys.exit(main())"
+    run = subprocess.run([sys.executable, "-P", "-c", code, "run", str(spec), "--epochs", "1"],
+                         cwd=tmp_path / "here", capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "done: 2 batches, 6 samples" in run.stdout, run.stdout
+    (tmp_path / "here" / "fns_here.py").unlink()  # and a module found nowhere is named
+    run = subprocess.run([sys.executable, "-P", "-c", code, "validate", str(spec)],
+                         cwd=tmp_path / "here", capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and "cannot import module 'fns_here'" in run.stderr, run.stderr
+
+
 # ----- in-process: the pieces the processes above rely on ----------------------------------
 
 def test_validate_a_missing_file(capsys):
