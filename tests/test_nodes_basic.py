@@ -500,6 +500,19 @@ def test_collate_of_dicts():
     assert out["name"] == ["a", "b"]
 
 
+@pytest.mark.parametrize("batch, named", [
+    # the first lacks a field: torch's collate goes by the first's keys and dropped it silently
+    ([{"x": 1, "index": 7}, {"x": 2, "index": 8, "label": 3}], r"sample 1 \(index 8\) of the batch has fields \['label'\]"),
+    # another lacks one: a bare KeyError before
+    ([{"x": 1, "label": 0}, {"x": 2, "file": "b.jsonl", "line": 4}], r"sample 1 \(b.jsonl:4\) of the batch lacks fields \['label'\]"),
+    # as many fields, one of them another
+    ([{"x": 1, "label": 0}, {"x": 2, "cls": 0}], r"sample 1 of the batch lacks fields \['label'\] and has fields \['cls'\]"),
+])
+def test_collate_names_a_sample_whose_fields_differ(batch, named):
+    with pytest.raises(ValueError, match=named):
+        run(Collate(IterableWrapper([batch])))
+
+
 def test_collate_stacks_like_torch_without_intra_op_threads():
     import os
 

@@ -24,7 +24,7 @@ A batch whose samples a threaded map wrote into consecutive rows of one slab (``
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -78,6 +78,52 @@ def default_collate(batch: Any) -> Any:
     return collate(batch, collate_fn_map=_COLLATE_MAP)
 
 
+def _named(sample: Any, i: int) -> str:
+    if isinstance(sample, Mapping) and "file" in sample and "line" in sample:
+        return f"sample {i} ({sample['file']}:{sample['line']})"
+    if isinstance(sample, Mapping) and "file" in sample and "row" in sample:
+        return f"sample {i} ({sample['file']} row {sample['row']})"
+    if isinstance(sample, Mapping) and "index" in sample:
+        return f"sample {i} (index {sample['index']})"
+    return f"sample {i}"
+
+
+def same_fields(samples: Sequence[Any]) -> None:
+    """Raise ValueError naming the first sample whose fields are not the first sample's.
+
+    A field that only some dict samples of a batch have (a ``label`` only one mixed source
+    carries) fails with a bare KeyError in a collate that goes by the first sample's keys, or,
+    when the first sample lacks it, is dropped from the batch without a word.
+    """
+    first = samples[0]
+    keys = first.keys()
+    for i, s in enumerate(samples):
+        if not isinstance(s, Mapping):
+            raise ValueError(f"{_named(s, i)} of the batch is a {type(s).__name__}, the first is a dict: "
+                             "every sample of a batch must be a dict with the same fields")
+        if s.keys() != keys:
+            lacks = [k for k in keys if k not in s]
+            extra = [k for k in s if k not in keys]
+            raise ValueError(
+                f"{_named(s, i)} of the batch " + " and ".join(
+                    part for part in (f"lacks fields {lacks}" if lacks else "",
+                                      f"has fields {extra} that the first does not" if extra else "") if part)
+                + f" ({_named(first, 0)} has {list(keys)}): every sample of a batch needs the same "
+                "fields; give inputs that are mixed the same fields (a map that adds or drops them)")
+
+
+def check_fields(samples: Sequence[Mapping]) -> None:
+    """The cheap half of :func:`same_fields`, for a batch whose first sample is a dict: samples
+    with as many fields as the first can differ only in a field the first has, which a collate
+    going by the first's keys finds missing (and then calls :func:`same_fields`)."""
+    try:
+        sizes = len(set(map(len, samples)))
+    except TypeError:  # a sample with no len(): not a dict
+        sizes = 2
+    if sizes > 1:
+        same_fields(samples)
+
+
 class Collate(BaseNode):
     """Apply ``default_collate`` to each list the input yields.
 
@@ -101,8 +147,16 @@ class Collate(BaseNode):
 
     def next(self):
         batch = next(self.source)
+        dicts = isinstance(batch, Sequence) and bool(batch) and isinstance(batch[0], Mapping)
         try:
+            if dicts:
+                check_fields(batch)
             return collate(batch, collate_fn_map=self._map)
+        except KeyError as exc:  # same number of fields, one of them another: say which sample
+            if dicts:
+                same_fields(batch)
+            exc.add_note(f"in {self.where}: samples of one batch must have the same fields")
+            raise
         except Exception as exc:
             exc.add_note(f"in {self.where}: samples of one batch must have the same shapes and "
                          "fields (use pad_collate for variable lengths)")

@@ -37,6 +37,8 @@ import torch
 from torch.utils.data import default_collate
 from torchdata.nodes import BaseNode
 
+from conveyor.nodes.collate import check_fields, same_fields
+
 SIDES = ("right", "left")
 DTYPES = ("int64", "int32", "int16", "int8", "uint8", "float64", "float32", "float16", "bfloat16")
 _NUMPY = {dt: torch.empty(0, dtype=dt).numpy().dtype for dt in (
@@ -196,38 +198,6 @@ def _collate(values: list) -> Any:
     return default_collate(values)
 
 
-def _named(sample: Any, i: int) -> str:
-    if isinstance(sample, Mapping) and "file" in sample and "line" in sample:
-        return f"sample {i} ({sample['file']}:{sample['line']})"
-    if isinstance(sample, Mapping) and "file" in sample and "row" in sample:
-        return f"sample {i} ({sample['file']} row {sample['row']})"
-    if isinstance(sample, Mapping) and "index" in sample:
-        return f"sample {i} (index {sample['index']})"
-    return f"sample {i}"
-
-
-def _same_keys(samples: Sequence[Any]) -> None:
-    """Every dict sample has the first one's fields: a field that only some samples of a batch
-    have (a ``label`` only one mixed source carries) would fail with a bare KeyError, or, when
-    the first sample lacks it, be dropped from the batch without a word. ``pad_collate`` calls it
-    when the samples' sizes differ or a lookup fails (same size and every key found: same keys)."""
-    first = samples[0]
-    keys = first.keys()
-    for i, s in enumerate(samples):
-        if not isinstance(s, Mapping):
-            raise ValueError(f"{_named(s, i)} of the batch is a {type(s).__name__}, the first is a dict: "
-                             "every sample of a batch must be a dict with the same fields")
-        if s.keys() != keys:
-            lacks = [k for k in keys if k not in s]
-            extra = [k for k in s if k not in keys]
-            raise ValueError(
-                f"{_named(s, i)} of the batch " + " and ".join(
-                    part for part in (f"lacks fields {lacks}" if lacks else "",
-                                      f"has fields {extra} that the first does not" if extra else "") if part)
-                + f" ({_named(first, 0)} has {list(keys)}): every sample of a batch needs the same "
-                "fields; give inputs that are mixed the same fields (a map that adds or drops them)")
-
-
 def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
                 pad_value: float | Mapping[Any, float] = 0, side: str = "right",
                 pad_to_multiple_of: int | None = None, dtype: torch.dtype | None = None,
@@ -262,19 +232,14 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
         missing = [n for n in names if n not in first]
         if missing:
             raise ValueError(f"fields {missing} are not in the samples (fields: {list(first)})")
-        try:  # (a full check of every sample's keys costs more)
-            sizes = len(set(map(len, samples)))
-        except TypeError:  # a sample with no len(): not a dict
-            sizes = 2
-        if sizes > 1:
-            _same_keys(samples)
+        check_fields(samples)
         out: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         for key in first:
             try:
                 values = [s[key] for s in samples]
             except (KeyError, TypeError, IndexError):  # a sample without it, or not a dict
-                _same_keys(samples)
+                same_fields(samples)
                 raise
             if key in names:
                 p, lengths, mask = pad(key, values)
