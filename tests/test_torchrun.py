@@ -197,3 +197,18 @@ def test_a_state_taken_after_an_uneven_epochs_last_batch_resumes_every_rank_in_t
         assert (got["epoch"], got["after"]) == (1, 1), f"rank {r}: {got}"
         assert got["resumed"] == got["following"], f"rank {r} differs from the uninterrupted epoch 1"
     assert len(ranks[0]["resumed"]) == len(ranks[1]["resumed"]) > 0
+
+
+@pytest.mark.timeout(120)
+def test_an_iterable_dataset_that_shards_itself_by_rank_ends_each_epoch_together(tmp_path: Path) -> None:
+    # no shard in the graph, so nothing made the ranks agree: rank 0 (3 batches) waited for
+    # rank 1 (2 batches) in its third all-reduce until the process group timed out
+    spec = tmp_path / "stream.yaml"
+    spec.write_text('nodes:\n  stream:  {op: iterable, iterable: "byo_fns:RankStream", args: {n: 9}}\n'
+                    '  batch:   {op: batch, size: 2}\n  collate: {op: collate}\n')
+    env_path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    cmd = _torchrun(2, str(spec))
+    cmd[cmd.index(str(SCRIPT))] = str(ROOT / "tests/rank_stream_job.py")
+    out = _run(cmd, timeout=90, env={"PYTHONPATH": env_path})
+    assert sorted(re.findall(r"rank \d batches \[2, 2\]", out.stdout)) == ["rank 0 batches [2, 2]",
+                                                                            "rank 1 batches [2, 2]"], out.stdout
