@@ -3,7 +3,7 @@
 ``shard``'s ``equalize`` gives each rank the same number of items where the graph shards. Nodes
 after the shard can still make the counts differ by rank: a reader that expands files into
 records, a filter, errors skipped with ``on_error: skip``, length buckets with a token
-budget. Then one rank runs out of batches first and the others wait in DDP's all-reduce for
+budget; and an ``iterable`` source may shard itself by rank with no ``shard`` in the graph. Then one rank runs out of batches first and the others wait in DDP's all-reduce for
 ever. When the graph can do that (``uneven_nodes``) and torch.distributed runs with more than
 one rank, the Loader asks the other ranks before it yields each batch (``Agreement``: one
 all-reduce of one int, MIN, over gloo); when any rank has no batch left, every rank ends the
