@@ -665,6 +665,14 @@ class Loader:
         self._closed = True
         self._finalizer()
 
+    def __getstate__(self) -> Any:
+        # pickle (and copy) reached a thread lock deep inside the graph and said only that:
+        # a LightningModule holding the loader under ddp_spawn, mp.spawn(train, args=(loader,))
+        raise TypeError(f"a conveyor Loader ({self._c.plan.path}) cannot be pickled or copied: it runs "
+                        "threads and processes of this one. Build it in each process that reads it "
+                        "(load_graph(...) in the worker, or in Lightning's train_dataloader()), and "
+                        "hand over its state_dict() to move a position")
+
     def __enter__(self) -> "Loader":
         return self
 
