@@ -120,3 +120,17 @@ class KeepAbove:
 
     def __call__(self, item) -> bool:
         return item["index"] > self.limit
+
+
+class RankStream(torch.utils.data.IterableDataset):
+    """A torch IterableDataset that shards itself by rank, as many do (and Hugging Face's
+    split_dataset_by_node): {"v": i} for i in 0..n-1 with i % WORLD_SIZE == RANK."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self):
+        import os
+
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        return iter({"v": i} for i in range(self.n) if i % world == rank)

@@ -28,6 +28,22 @@ def test_the_nodes_that_can_make_ranks_uneven_are_found(spec: str, uneven: list[
     assert uneven_nodes(check_spec(ROOT / "specs" / spec)) == uneven
 
 
+def test_an_iterable_source_may_shard_itself_so_the_ranks_agree(tmp_path: Path) -> None:
+    # a user's IterableDataset that reads RANK (or Hugging Face's split_dataset_by_node) gives
+    # each rank its own count, with no shard in the graph: nothing made the ranks agree, and the
+    # rank with more batches waited in DDP's all-reduce for ever (test_torchrun.py runs one)
+    from conveyor.graphs.even import uneven_nodes
+
+    path = tmp_path / "s.yaml"
+    path.write_text(textwrap.dedent("""\
+        nodes:
+          stream:  {op: iterable, iterable: "byo_fns:RankStream", args: {n: 9}}
+          batch:   {op: batch, size: 2}
+          collate: {op: collate}
+        """))
+    assert uneven_nodes(check_spec(path)) == ["stream"]
+
+
 def test_skipping_errors_and_an_unequalized_shard_make_ranks_uneven(tmp_path: Path) -> None:
     from conveyor.graphs.even import uneven_nodes
 

@@ -3,6 +3,7 @@ resumed from per-rank checkpoints, and torch.distributed.checkpoint."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -174,3 +175,40 @@ def test_text_spec_under_ddp_ends_each_epoch_together(tmp_path: Path) -> None:
     assert counts[0] == counts[1] > 10, counts
     assert "epoch 0 ends after" in out.stderr  # one rank had more, left unread and said so
     assert "terminate called" not in out.stderr  # (1 run in 12 aborted at exit: train_ddp.py's end)
+
+
+@pytest.mark.timeout(120)
+def test_a_state_taken_after_an_uneven_epochs_last_batch_resumes_every_rank_in_the_next(tmp_path: Path) -> None:
+    # rank 0 has twice rank 1's items; the ranks end epoch 0 together after rank 1's last batch.
+    # A state taken there left rank 0 with batches of epoch 0 still to read and rank 1 with none:
+    # on resume rank 1 began epoch 1 and rank 0 went on with epoch 0's rest, so the ranks were in
+    # different epochs (a trainer looping over loader.epoch.. ran one epoch more on rank 0: a hang)
+    spec = tmp_path / "uneven.yaml"
+    spec.write_text((ROOT / "specs/numbers.yaml").read_text().replace(
+        "  shuffle: {op: shuffle_buffer, size: 16}",
+        "  keep:    {op: filter, fn: 'chain_fns:fewer_on_odd_ranks'}\n  shuffle: {op: shuffle_buffer, size: 16}"
+    ).replace("${spec_dir}/..", str(ROOT)))
+    env_path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    cmd = _torchrun(2, str(spec), str(tmp_path))
+    cmd[cmd.index(str(SCRIPT))] = str(ROOT / "tests/uneven_resume_job.py")
+    _run(cmd, timeout=90, env={"PYTHONPATH": env_path})
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r, got in enumerate(ranks):
+        assert (got["epoch"], got["after"]) == (1, 1), f"rank {r}: {got}"
+        assert got["resumed"] == got["following"], f"rank {r} differs from the uninterrupted epoch 1"
+    assert len(ranks[0]["resumed"]) == len(ranks[1]["resumed"]) > 0
+
+
+@pytest.mark.timeout(120)
+def test_an_iterable_dataset_that_shards_itself_by_rank_ends_each_epoch_together(tmp_path: Path) -> None:
+    # no shard in the graph, so nothing made the ranks agree: rank 0 (3 batches) waited for
+    # rank 1 (2 batches) in its third all-reduce until the process group timed out
+    spec = tmp_path / "stream.yaml"
+    spec.write_text('nodes:\n  stream:  {op: iterable, iterable: "byo_fns:RankStream", args: {n: 9}}\n'
+                    '  batch:   {op: batch, size: 2}\n  collate: {op: collate}\n')
+    env_path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    cmd = _torchrun(2, str(spec))
+    cmd[cmd.index(str(SCRIPT))] = str(ROOT / "tests/rank_stream_job.py")
+    out = _run(cmd, timeout=90, env={"PYTHONPATH": env_path})
+    assert sorted(re.findall(r"rank \d batches \[2, 2\]", out.stdout)) == ["rank 0 batches [2, 2]",
+                                                                            "rank 1 batches [2, 2]"], out.stdout

@@ -303,3 +303,18 @@ def test_len_of_a_map_style_dataset_source_with_an_explicit_shard(write_spec):
                       "  collate: {op: collate}\n")
     with load_graph(spec) as loader:
         assert len(loader) == 2 == sum(1 for _ in loader)  # 22 -> 7 per rank (drop) -> 2 batches
+
+
+@pytest.mark.timeout(30)
+def test_a_loader_refuses_pickle_and_copy_saying_what_to_do_instead():
+    # a LightningModule holding the loader under strategy="ddp_spawn", or mp.spawn(train,
+    # args=(loader,)), pickles it: the error was "cannot pickle '_thread.lock' object"; a
+    # copy.copy shared the running nodes of the original between two loaders
+    import copy
+    import pickle
+
+    with load_graph(NUMBERS, batch_size=4) as loader:
+        for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match=r"cannot be pickled or copied.*load_graph"):
+                attempt(loader)
+        assert len([b for b in loader]) == 10  # the loader itself goes on

@@ -3,7 +3,7 @@
 ``shard``'s ``equalize`` gives each rank the same number of items where the graph shards. Nodes
 after the shard can still make the counts differ by rank: a reader that expands files into
 records, a filter, errors skipped with ``on_error: skip``, length buckets with a token
-budget. Then one rank runs out of batches first and the others wait in DDP's all-reduce for
+budget; and an ``iterable`` source may shard itself by rank with no ``shard`` in the graph. Then one rank runs out of batches first and the others wait in DDP's all-reduce for
 ever. When the graph can do that (``uneven_nodes``) and torch.distributed runs with more than
 one rank, the Loader asks the other ranks before it yields each batch (``Agreement``: one
 all-reduce of one int, MIN, over gloo); when any rank has no batch left, every rank ends the
@@ -30,6 +30,9 @@ MODES = ("auto", "always", "never")
 _KEEP_COUNT = frozenset({"shuffle_buffer", "batch", "collate", "pad_collate", "pin_memory", "prefetch",
                          "to_device"})
 _KEEP_COUNT_UNLESS_SKIPPING = frozenset({"map", "fetch"})
+# sources running the user's code, which may give each rank its own share (an IterableDataset
+# that reads RANK, Hugging Face's split_dataset_by_node): their counts can differ by rank
+_OWN_RANK_SOURCES = frozenset({"iterable"})
 
 
 def _keeps_count(node: Any) -> bool:
@@ -46,7 +49,8 @@ def uneven_nodes(plan: Any) -> list[str]:
 
     A node counts when one of its inputs is (downstream of) a shard by rank and it may change
     how many items pass; a shard with ``equalize: none`` counts itself. Nodes upstream of every
-    shard see the same items on every rank, so they cannot make the ranks differ.
+    shard see the same items on every rank, so they cannot make the ranks differ, except an
+    ``iterable`` source: the user's stream may shard itself by rank (``_OWN_RANK_SOURCES``).
     """
     sharded: dict[str, bool] = {}
 
@@ -59,7 +63,9 @@ def uneven_nodes(plan: Any) -> list[str]:
 
     out = []
     for name, node in plan.nodes.items():
-        if _is_rank_shard(node):
+        if node.op.name in _OWN_RANK_SOURCES:
+            out.append(name)
+        elif _is_rank_shard(node):
             if getattr(node.params.equalize, "value", node.params.equalize) == "none":
                 out.append(name)
         elif any(below_shard(i) for i in node.inputs) and not _keeps_count(node):

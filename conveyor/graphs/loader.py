@@ -252,12 +252,31 @@ class Loader:
             return
         self._start(state["epoch"], state["graph"])
         self._yielded = state["yielded"]
+        self._read_ahead(state)
+
+    def _read_ahead(self, state: dict[str, Any]) -> None:
+        """After a restore, read the batch the loader gives next; where there is none, the next
+        epoch begins. Ranks that agree on each epoch's end (``even_batches``) agree here too: a
+        state taken after the last batch the ranks agreed on may leave one rank with batches
+        and another without, and the uninterrupted run ended that epoch on every rank there."""
+        epoch = self._epoch
         try:
-            self._peeked = [next(self._root)]
+            item, have = next(self._root), True
+        except StopIteration:
+            item, have = _END, False
+        # every rank loads its state, so every rank asks here (once torch.distributed is up;
+        # before it, the first batch's agreement is the first collective, as without a restore)
+        all_have = self._agree.all_have(have) if self._agree is not None and _dist_ready() else have
+        if all_have:
+            self._peeked = [item]
             self._peek_state = state
-        except StopIteration:  # saved after the last batch: the next epoch begins
-            self._start(state["epoch"] + 1, None)
-            self._yielded = 0
+            return
+        if have:
+            log.info("rank %d: epoch %d resumes at its end, where another rank has no batch left; "
+                     "this rank's remaining batches are left unread, as in the uninterrupted run",
+                     self._c.rank, epoch)
+        self._start(epoch + 1, None)
+        self._yielded = 0
 
     def __iter__(self) -> Iterator[Any]:
         self._check_open()
@@ -491,13 +510,7 @@ class Loader:
                 set_deal(deal)
         self._start(epoch, None)
         self._yielded = 0
-        state = self._rank_state()
-        try:
-            self._peeked = [next(self._root)]
-            self._peek_state = state
-        except StopIteration:  # nothing left for this rank: the next epoch begins
-            self._start(epoch + 1, None)
-            self._yielded = 0
+        self._read_ahead(self._rank_state())  # nothing left for this rank: the next epoch begins
 
     def _compare(self, saved: dict[str, Any], strict: bool) -> None:
         now = self._summary["nodes"]
@@ -651,6 +664,14 @@ class Loader:
         """Stop every thread and worker process of the graph. Safe to call twice."""
         self._closed = True
         self._finalizer()
+
+    def __getstate__(self) -> Any:
+        # pickle (and copy) reached a thread lock deep inside the graph and said only that:
+        # a LightningModule holding the loader under ddp_spawn, mp.spawn(train, args=(loader,))
+        raise TypeError(f"a conveyor Loader ({self._c.plan.path}) cannot be pickled or copied: it runs "
+                        "threads and processes of this one. Build it in each process that reads it "
+                        "(load_graph(...) in the worker, or in Lightning's train_dataloader()), and "
+                        "hand over its state_dict() to move a position")
 
     def __enter__(self) -> "Loader":
         return self
