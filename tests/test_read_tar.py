@@ -371,3 +371,24 @@ def test_spec_counts_a_sample_without_cls_and_decode_errors_name_shard_and_key(t
     bad = {"__key__": "k4", "__url__": "s3://b/shard-000007.tar", "jpg": b"not a jpeg", "cls": 0, "index": 7}
     with pytest.raises(SampleError, match=r"image 'k4' in shard 's3://b/shard-000007\.tar'"):
         train_transform(bad, rng=random.Random(0), size=16)
+
+
+def test_pack_numbers_classes_as_list_files_does_with_an_empty_class_folder(tmp_path: Path, caplog) -> None:
+    """train/ packed to shards and val/ read as a folder must give one class one label: an
+    empty class folder (or one with only left-out files) keeps its number in both."""
+    src = tmp_path / "src"
+    for cls in ("a class", "b.v2", "c_empty", "déjà vu", "e"):
+        (src / cls).mkdir(parents=True)
+    for cls in ("a class", "b.v2", "déjà vu", "e"):
+        (src / cls / "x.jpg").write_bytes(cls.encode())
+    (src / "b.v2" / "deep").mkdir()
+    (src / "b.v2" / "deep" / "y.JPG").write_bytes(b"deep")
+    (src / "c_empty" / "notes.txt").write_text("no image here")
+    index = pack(str(src), str(tmp_path / "dst"), extensions=[".jpg"])
+    folder = ListFiles(url=f"{src}/*/**", label="top_dir", extensions=[".jpg"])
+    by_folder = {r["path"][len(str(src)) + 1:].rsplit(".", 1)[0]: r["label"] for r in folder.records()}
+    by_shards = {s["__key__"]: s["cls"] for s in ReadTar(ListFiles(url=f"{tmp_path}/dst/*.tar"))}
+    assert by_shards == by_folder == {"a class/x": 0, "b.v2/deep/y": 1, "b.v2/x": 1, "déjà vu/x": 3, "e/x": 4}
+    assert index["classes"] == folder.classes == ["a class", "b.v2", "c_empty", "déjà vu", "e"]
+    assert "pack: class folder(s)" in caplog.text and "c_empty" in caplog.text
+

@@ -80,6 +80,20 @@ def _class_folders(root: str, found: list[str]) -> set[str]:
     return {n for n in names if not n.startswith(".")}
 
 
+def number_classes(root: str, names: list[str], found: list[str], who: str = "list_files") -> dict[str, int]:
+    """Class numbers as ``ImageFolder`` gives them to ``root/<class>/**``: every visible class
+    folder (``_class_folders`` of ``found``, the listing before any filter) in sorted order,
+    ``names`` (the classes of the files kept) among them, and a warning naming the folders
+    that hold no file kept, whose numbers stay free. ``list_files(label: top_dir)`` and
+    ``conveyor pack`` number with this, so shards and folders of one tree agree."""
+    folders = set(names) | _class_folders(root, found)
+    empty = sorted(folders - set(names))
+    if empty:
+        log.warning("%s: class folder(s) under %r with no file listed, their labels kept free: %s",
+                    who, root, ", ".join(empty[:5]) + (" ..." if len(empty) > 5 else ""))
+    return {n: i for i, n in enumerate(sorted(folders))}
+
+
 def suffixes(extensions: list[str]) -> tuple[str, ...]:
     """``[".JPG", "png"]`` as ``(".jpg", ".png")``: lower case, each with its dot."""
     if isinstance(extensions, str) or not extensions or not all(isinstance(e, str) and e.strip(".")
@@ -201,14 +215,10 @@ class ListFiles(BaseNode[dict]):
                                 root=root)
         class_of = _classes_by(self.label, root, self.url)
         names = [class_of(p) for p in paths] if class_of else []
-        folders = set(names)
         if self.label == "top_dir":  # numbered as ImageFolder numbers them, listed files or not
-            folders |= _class_folders(root, found)
-            empty = sorted(folders - set(names))
-            if empty:
-                log.warning("list_files: class folder(s) under %r with no file listed, their labels "
-                            "kept free: %s", root, ", ".join(empty[:5]) + (" ..." if len(empty) > 5 else ""))
-        classes = {n: i for i, n in enumerate(sorted(folders))}
+            classes = number_classes(root, names, found)
+        else:
+            classes = {n: i for i, n in enumerate(sorted(set(names)))}
         records = [{"path": p, "label": classes[names[i]] if names else -1, "index": i}
                    for i, p in enumerate(paths)]
         self.classes = sorted(classes, key=classes.__getitem__)
