@@ -392,3 +392,24 @@ def test_pack_numbers_classes_as_list_files_does_with_an_empty_class_folder(tmp_
     assert index["classes"] == folder.classes == ["a class", "b.v2", "c_empty", "déjà vu", "e"]
     assert "pack: class folder(s)" in caplog.text and "c_empty" in caplog.text
 
+
+def test_pack_resize_keeps_16_bit_images_as_the_loader_decodes_them(tmp_path: Path) -> None:
+    """A 16-bit PNG re-encoded by --resize keeps the top 8 bits of its samples, as
+    conveyor.image decodes the original; Pillow's own conversion clipped it to white."""
+    import numpy as np
+    from PIL import Image
+
+    from conveyor import image as ci
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    arr = np.full((300, 400), 0x4000, np.uint16)
+    arr[:, 200:] = 0xC0FF
+    Image.fromarray(arr).save(tmp_path / "src" / "a" / "deep.png")
+    pack(str(tmp_path / "src"), str(tmp_path / "out"), resize=100)
+    (sample,) = ReadTar(ListFiles(url=f"{tmp_path}/out/*.tar"), fields=["jpg", "cls"])
+    with Image.open(io.BytesIO(sample["jpg"])) as img:
+        assert img.mode == "L" and img.size == (133, 100)
+    got = ci.decode({"bytes": sample["jpg"], "__key__": "a/deep"})["image"][0].float()
+    original = ci.decode({"path": str(tmp_path / "src" / "a" / "deep.png")})["image"][0].float()
+    assert original[0, 0] == 0x40 and original[0, -1] == 0xC0
+    assert abs(got[:, :60].mean().item() - 0x40) < 2 and abs(got[:, -60:].mean().item() - 0xC0) < 2
