@@ -49,7 +49,7 @@ from typing import Any
 from conveyor.errors import ConveyorError, SourceError
 from conveyor.nodes.list_files import below, number_classes, suffixes, with_suffix
 from conveyor.shrink import DEFAULT_QUALITY, shrink
-from conveyor.storage import RetryPolicy, Storage, is_local, parse_size, redact
+from conveyor.storage import RetryPolicy, Storage, is_folder_marker, is_local, parse_size, redact
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,8 @@ def list_samples(storage: Storage, src: str,
     pattern = _join(src, "*/**")
     ends = None if extensions is None else suffixes(extensions)
     root = storage.glob_root(pattern)
-    found = storage.glob(pattern)
-    files = with_suffix(found, ends, redact(pattern), who="pack", root=root)
+    found = storage.glob(pattern, folder_markers=True)  # markers: only for the class census
+    files = with_suffix([u for u in found if not is_folder_marker(u)], ends, redact(pattern), who="pack", root=root)
     rel = [below(u, root) for u in files]  # <class>/.../<name>.<ext>
     # every class folder numbered, empty or not, as list_files(label: top_dir) numbers them:
     # shards of train/ and a val/ folder read with list_files must give one class one label

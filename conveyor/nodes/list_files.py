@@ -25,7 +25,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.errors import SourceError, StateError
 from conveyor.nodes._rng import derive_seed
-from conveyor.storage import Storage, fixed_part
+from conveyor.storage import Storage, fixed_part, is_folder_marker
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,8 @@ LABEL_CHOICES = (None, "parent_dir", "top_dir")
 
 def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[str]]:
     """The fixed part of ``url`` before its wildcards (``Storage.glob_root``) and the sorted
-    matches of ``url`` (a folder: every file below it), listed through ``conveyor.storage``:
+    matches of ``url`` (a folder: every file below it; object storage's folder markers, which
+    end in ``/``, included), listed through ``conveyor.storage``:
     transient errors are retried, a folder that fails to list is an error (fsspec's glob
     silently leaves it out), a missing bucket or an empty match is a ``SourceError`` naming
     the URL."""
@@ -44,7 +45,7 @@ def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[s
         literal, wild = fixed_part(url)
         if not wild and storage.call(literal, "isdir"):
             pattern = url.rstrip("/") + "/**"  # a folder: every file below it
-        return storage.glob_root(pattern), storage.glob(pattern)
+        return storage.glob_root(pattern), storage.glob(pattern, folder_markers=True)
     finally:
         storage.close()
 
@@ -72,8 +73,9 @@ def _classes_by(label: str | None, root: str, url: str) -> Callable[[str], str] 
 
 
 def _class_folders(root: str, found: list[str]) -> set[str]:
-    """The visible folders right below ``root``: those the listing passed through, and on the
-    local disk every one there, empty or not (object storage has no empty folders)."""
+    """The visible folders right below ``root``: those the listing passed through (on object
+    storage an empty one too when it has a folder marker, ``root/<class>/``), and on the local
+    disk every one there, empty or not."""
     names = {rel.split("/", 1)[0] for rel in (below(p, root) for p in found) if rel and "/" in rel}
     if os.path.isdir(root):
         names.update(e.name for e in os.scandir(root) if e.is_dir())
@@ -207,11 +209,11 @@ class ListFiles(BaseNode[dict]):
     def _list(self) -> tuple[list[str], list[dict]]:
         """(the sorted paths, their records); sets ``classes``."""
         root, found = _glob(self.url, self.storage_options)
-        if not found:
+        paths = [p for p in found if not is_folder_marker(p)]  # markers: only for the class census
+        if not paths:
             raise SourceError(f"list_files: no file matches {self.url!r} (check the path and the glob)")
-        paths = found
         if self.extensions is not None:
-            paths = with_suffix(found, self.extensions, self.url, hint="; set extensions to take them",
+            paths = with_suffix(paths, self.extensions, self.url, hint="; set extensions to take them",
                                 root=root)
         class_of = _classes_by(self.label, root, self.url)
         names = [class_of(p) for p in paths] if class_of else []
