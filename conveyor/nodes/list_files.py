@@ -111,6 +111,21 @@ def _hidden(path: str, root: str) -> bool:
     return any(part.startswith(".") for part in rel.split("/"))
 
 
+def _visible(paths: list[str], root: str, url: str) -> list[str]:
+    """The paths that are not hidden (``_hidden``); what is left out is named in a warning, or
+    in a ``SourceError`` when nothing is left."""
+    kept = [p for p in paths if not _hidden(p, root)]
+    if len(kept) < len(paths):
+        example = min(set(paths) - set(kept))
+        if not kept:
+            raise SourceError(f"list_files: {len(paths)} files match {url!r} but every one is hidden "
+                              f"or in a hidden folder (e.g. {example}); a label needs visible files")
+        log.warning("list_files: %d of the %d files matching %r are left out, hidden or in a hidden "
+                    "folder, e.g. %s (labels are for visible files and folders)",
+                    len(paths) - len(kept), len(paths), url, example)
+    return kept
+
+
 def with_suffix(paths: list[str], ends: tuple[str, ...] | None, url: str, who: str = "list_files",
                 hint: str = "", root: str = "") -> list[str]:
     """The paths whose name ends in one of ``ends`` (lower case; the names in any case; None:
@@ -163,7 +178,9 @@ class ListFiles(BaseNode[dict]):
             ``"top_dir"`` (from the first folder below the url's part before its wildcards, as
             ``ImageFolder`` numbers ``root/<class>/**``: images in subfolders of a class folder
             are that class's, and every visible class folder has its number, listed files or
-            not, with a warning: train and val agree when a val folder is empty).
+            not, with a warning: train and val agree when a val folder is empty). With a
+            label, hidden files and files in hidden folders are left out (with a warning) even
+            without ``extensions``: a ``.ipynb_checkpoints`` folder is no class.
         shuffle: permute the listing each epoch, seeded by (seed, epoch).
         seed: the shuffle's seed.
         storage_options: passed to fsspec (endpoint, credentials); never logged.
@@ -215,6 +232,8 @@ class ListFiles(BaseNode[dict]):
         if self.extensions is not None:
             paths = with_suffix(paths, self.extensions, self.url, hint="; set extensions to take them",
                                 root=root)
+        elif self.label is not None:  # a hidden folder is no class (.ipynb_checkpoints would be 0)
+            paths = _visible(paths, root, self.url)
         class_of = _classes_by(self.label, root, self.url)
         names = [class_of(p) for p in paths] if class_of else []
         if self.label == "top_dir":  # numbered as ImageFolder numbers them, listed files or not
