@@ -413,3 +413,24 @@ def test_pack_resize_keeps_16_bit_images_as_the_loader_decodes_them(tmp_path: Pa
     original = ci.decode({"path": str(tmp_path / "src" / "a" / "deep.png")})["image"][0].float()
     assert original[0, 0] == 0x40 and original[0, -1] == 0xC0
     assert abs(got[:, :60].mean().item() - 0x40) < 2 and abs(got[:, -60:].mean().item() - 0xC0) < 2
+
+
+def test_imagenet_shards_spec_reads_every_format_the_folder_specs_take(tmp_path: Path) -> None:
+    """An ImageFolder of .bmp/.tif/.pgm... images packs, and imagenet-shards.yaml decodes them
+    all, as imagenet.yaml does from the folder: they failed as samples without an image."""
+    from PIL import Image
+
+    src = tmp_path / "src"
+    formats = [("a", "x.JPEG", "JPEG"), ("a", "y.bmp", "BMP"), ("a", "z.TIF", "TIFF"), ("b", "x.pgm", "PPM"),
+               ("b", "y.ppm", "PPM"), ("b", "z.tiff", "TIFF"), ("c", "x.webp", "WEBP"), ("c", "y.Png", "PNG")]
+    for i, (cls, name, fmt) in enumerate(formats):
+        (src / cls).mkdir(parents=True, exist_ok=True)
+        img = Image.effect_noise((48, 40), 30 + i).convert("L" if name.endswith("pgm") else "RGB")
+        img.save(src / cls / name, fmt)
+    pack(str(src), str(tmp_path / "shards"))
+    small = {"batch_size": 1, "image_size": 16}
+    with load_graph(ROOT / "specs/imagenet.yaml", root=str(src), **small) as loader:
+        folder = sorted(b["label"].item() for b in loader)
+    with load_graph(SPEC, root=str(tmp_path / "shards"), **small) as loader:
+        shards = sorted(b["label"].item() for b in loader)
+    assert shards == folder == [0, 0, 0, 1, 1, 1, 2, 2]
