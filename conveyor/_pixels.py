@@ -169,18 +169,25 @@ def mirror_into(dst: np.ndarray, src: np.ndarray) -> None:
     np.copyto(dst, src[..., ::-1])
 
 
+def to_8bit(img: Image.Image) -> Image.Image:
+    """A high-depth grayscale image (``I;16``, ``I``, ``F``) as 8-bit ``L``, keeping the top 8
+    bits of 16-bit samples (Pillow's own ``convert`` clips them at 255: a white image); any
+    other image as it is."""
+    if img.mode not in _HIGH_DEPTH:
+        return img
+    arr = np.asarray(img)
+    if img.mode == "F":
+        arr8 = np.clip(arr, 0, 255).astype(np.uint8)
+    else:  # 16-bit samples (PNG, TIFF): keep the top 8 bits
+        arr8 = (np.clip(arr, 0, 65535) >> 8).astype(np.uint8)
+    return Image.fromarray(arr8)
+
+
 def to_rgb(img: Image.Image) -> Image.Image:
     """A Pillow image as 8-bit RGB, without a copy when it already is."""
     if img.mode == "RGB":
         return img
-    if img.mode in _HIGH_DEPTH:
-        arr = np.asarray(img)
-        if img.mode == "F":
-            arr8 = np.clip(arr, 0, 255).astype(np.uint8)
-        else:  # 16-bit samples (PNG, TIFF): keep the top 8 bits
-            arr8 = (np.clip(arr, 0, 65535) >> 8).astype(np.uint8)
-        return Image.fromarray(arr8).convert("RGB")
-    return img.convert("RGB")
+    return to_8bit(img).convert("RGB")
 
 
 def _interpolate(hwc: np.ndarray, out_w: int, out_h: int, out: np.ndarray | None = None) -> np.ndarray:

@@ -8,7 +8,7 @@ is the same whatever the number of workers or the timing.
 
 An item is a dict that names an image either by ``path`` (a local path or any fsspec
 URL) or carries its encoded bytes under ``bytes`` (or a WebDataset key: ``jpg``,
-``jpeg``, ``png``, ``webp``), with a ``label`` (or WebDataset ``cls``) and an
+``jpeg``, ``png``, ``webp``, ``bmp``, ``ppm``, ``pgm``, ``tif``, ``tiff``), with a ``label`` (or WebDataset ``cls``) and an
 ``index``. Every function returns ``{"image": uint8 CHW tensor, "label", "index"}``.
 
 Where the time goes, and what is done about it (kernels in :mod:`conveyor._pixels`):
@@ -85,7 +85,8 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 """Per-channel standard deviation of ImageNet in [0, 1] RGB, for :func:`normalize`."""
 
-_BYTES_KEYS = ("bytes", "jpg", "jpeg", "png", "webp")
+# every extension the imagenet specs list (ImageFolder's), as conveyor pack names the members
+_BYTES_KEYS = ("bytes", "jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff")
 # What Pillow raises for bad data: OSError covers missing files, UnidentifiedImageError
 # and "image file is truncated"; the rest come from plugins and codecs. simplejpeg's
 # refusals arrive as px.JpegError, a ValueError.

@@ -5,9 +5,10 @@
 
 ``SRC`` is ``<class>/**/<image>`` (local or any fsspec URL): every visible file with an
 extension, or with ``--extensions .jpg,.png`` only those (any case), a warning naming what is
-left out; classes are the folder names in
+left out; classes are the visible folder names in
 sorted order, numbered from 0 as ``list_files(label: top_dir)`` and torchvision's
-``ImageFolder`` number them. Each image becomes two members, ``KEY.jpg`` (the file's bytes,
+``ImageFolder`` number them (a class folder with nothing to pack keeps its number, with a
+warning, so that the labels agree with the same tree read as a folder). Each image becomes two members, ``KEY.jpg`` (the file's bytes,
 as stored; other formats keep their extension) and ``KEY.cls`` (the class number in ASCII),
 where ``KEY`` is the path below ``SRC`` up to the name's first dot (``<class>/<name>``:
 WebDataset's rule; names need only be unique within a folder). Samples go into ``shard-000000.tar``,
@@ -46,9 +47,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import ConveyorError, SourceError
-from conveyor.nodes.list_files import below, suffixes, with_suffix
+from conveyor.nodes.list_files import below, number_classes, suffixes, with_suffix
 from conveyor.shrink import DEFAULT_QUALITY, shrink
-from conveyor.storage import RetryPolicy, Storage, is_local, parse_size, redact
+from conveyor.storage import RetryPolicy, Storage, is_folder_marker, is_local, parse_size, redact
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +99,13 @@ def list_samples(storage: Storage, src: str,
     pattern = _join(src, "*/**")
     ends = None if extensions is None else suffixes(extensions)
     root = storage.glob_root(pattern)
-    files = with_suffix(storage.glob(pattern), ends, redact(pattern), who="pack", root=root)
+    found = storage.glob(pattern, folder_markers=True)  # markers: only for the class census
+    files = with_suffix([u for u in found if not is_folder_marker(u)], ends, redact(pattern), who="pack", root=root)
     rel = [below(u, root) for u in files]  # <class>/.../<name>.<ext>
-    classes = sorted({r.split("/", 1)[0] for r in rel})
-    number = {c: i for i, c in enumerate(classes)}
+    # every class folder numbered, empty or not, as list_files(label: top_dir) numbers them:
+    # shards of train/ and a val/ folder read with list_files must give one class one label
+    number = number_classes(root, [r.split("/", 1)[0] for r in rel], found, who="pack")
+    classes = sorted(number, key=number.__getitem__)
     samples, seen = [], {}
     for url, path in zip(files, rel):
         folder, _, base = path.rpartition("/")

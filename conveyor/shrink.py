@@ -10,7 +10,8 @@ re-encodes as JPEG at ``quality`` without chroma subsampling (4:4:4: chroma at f
 resolution, which Pillow's default 4:2:0 would halve again after the downscale). The aspect ratio is kept (each side rounded); an image
 whose shorter side is already at most ``N`` is left as it is (its bytes unchanged). Pixels
 are stored as decoded: EXIF orientation is not applied (the loaders do not apply it either),
-an alpha channel is dropped, grayscale stays grayscale, anything else becomes RGB. What the
+an alpha channel is dropped, grayscale stays grayscale (16-bit samples keep their top 8 bits,
+as the loaders decode them), anything else becomes RGB. What the
 re-encode costs in quality is measured in ``benchmarks/RESULTS.md`` (``benchmarks/pack_resize.py``).
 """
 
@@ -20,6 +21,7 @@ import io
 
 from PIL import Image
 
+from conveyor._pixels import to_8bit
 from conveyor.errors import SampleError
 
 DEFAULT_QUALITY = 90
@@ -57,6 +59,7 @@ def shrink(data: bytes, shorter: int, *, quality: int = DEFAULT_QUALITY, name: s
                 return None
             size = target_size(w, h, shorter)
             img.draft(img.mode if img.mode in ("RGB", "L") else "RGB", size)  # JPEG: DCT scaling
+            img = to_8bit(img)  # 16-bit PNG/TIFF: the top 8 bits, as the loaders decode it
             if img.mode not in ("RGB", "L"):
                 img = img.convert("RGB")
             out = img.resize(size, Image.Resampling.LANCZOS)

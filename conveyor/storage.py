@@ -282,6 +282,11 @@ def single_slashes(url: str) -> str:
     return head + sep + re.sub(r"(?<=.)/{2,}", "/", path)
 
 
+def is_folder_marker(path: str) -> bool:
+    """Whether a listed object is a folder marker (a key ending in ``/``), not a file."""
+    return path.endswith("/")
+
+
 def is_local(url: str) -> bool:
     return protocol_of(url) in ("file", "local")
 
@@ -513,9 +518,14 @@ class Storage:
         root = fixed.rsplit("/", 1)[0] if wild else fixed
         return _full_url(fs, root.rstrip("/"), url)
 
-    def glob(self, url: str) -> list[str]:
+    def glob(self, url: str, *, folder_markers: bool = False) -> list[str]:
         """Files matching ``url`` (a glob: ``*``, ``?``, ``[...]``, ``**``), sorted, as full URLs
         (plain paths when local).
+
+        Object storage has folder markers, empty objects named ``prefix/`` (the AWS console's
+        "Create folder", and many sync tools, make them); s3fs lists them as files. They are
+        folders, not files: left out, or with ``folder_markers`` kept in the list, ending in
+        ``/`` (``is_folder_marker``), for a caller that counts folders (empty class folders).
 
         One recursive listing under the glob's fixed prefix (on S3 a flat, paginated listing:
         one request per 1000 keys, not one per folder), matched against the pattern. Unlike
@@ -557,8 +567,9 @@ class Storage:
                         raise SourceError(str(exc)) from exc.__cause__
                     found = {}  # no such folder: said below
                 files = sorted(p for p, info in found.items()
-                               if info.get("type") != "directory" and pattern.match(p))
-        if files:
+                               if info.get("type") != "directory" and pattern.match(p)
+                               and (folder_markers or not is_folder_marker(p)))
+        if any(not is_folder_marker(p) for p in files):
             return [_full_url(fs, p, url) for p in files]
         root = re.split(r"[*?\[]", url, maxsplit=1)[0].rsplit("/", 1)[0] or url
         try:

@@ -191,6 +191,23 @@ def test_list_files_top_dir_labels_as_imagefolder(tree: Path, monkeypatch, caplo
         ListFiles(url=str(tree), label="top_dir").reset()  # a folder: top.txt has no class folder
 
 
+
+def test_a_hidden_folder_is_no_class_without_extensions_too(tree: Path, caplog):
+    """Jupyter's .ipynb_checkpoints sorts first: taken as a class, it shifted every label by one
+    (and disagreed with pack and the imagenet specs, which pass extensions)."""
+    want = [(r["path"], r["label"]) for r in run(ListFiles(url=f"{tree}/*/**", label="top_dir"))]
+    (tree / ".ipynb_checkpoints").mkdir()
+    (tree / ".ipynb_checkpoints/x-checkpoint.txt").write_text("copy")
+    (tree / "dogs/.a.txt.swp").write_text("an editor's swap file")
+    for label in ("top_dir", "parent_dir"):
+        node = ListFiles(url=f"{tree}/*/**", label=label)
+        assert all("/." not in r["path"] for r in run(node)) and ".ipynb_checkpoints" not in node.classes
+    assert [(r["path"], r["label"]) for r in run(ListFiles(url=f"{tree}/*/**", label="top_dir"))] == want
+    assert "2 of the 7 files" in caplog.text and "hidden" in caplog.text
+    assert len(run(ListFiles(url=f"{tree}/*/**"))) == len(want) + 2  # no label: every match, as asked
+    with pytest.raises(SourceError, match="every one is hidden"):
+        ListFiles(url=f"{tree}/.ipynb*/*", label="parent_dir").reset()
+
 def test_list_files_follows_symlinked_folders_as_imagefolder(tree: Path, tmp_path_factory, monkeypatch, caplog):
     store = tmp_path_factory.mktemp("store")
     (store / "lions").mkdir()

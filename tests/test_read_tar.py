@@ -371,3 +371,66 @@ def test_spec_counts_a_sample_without_cls_and_decode_errors_name_shard_and_key(t
     bad = {"__key__": "k4", "__url__": "s3://b/shard-000007.tar", "jpg": b"not a jpeg", "cls": 0, "index": 7}
     with pytest.raises(SampleError, match=r"image 'k4' in shard 's3://b/shard-000007\.tar'"):
         train_transform(bad, rng=random.Random(0), size=16)
+
+
+def test_pack_numbers_classes_as_list_files_does_with_an_empty_class_folder(tmp_path: Path, caplog) -> None:
+    """train/ packed to shards and val/ read as a folder must give one class one label: an
+    empty class folder (or one with only left-out files) keeps its number in both."""
+    src = tmp_path / "src"
+    for cls in ("a class", "b.v2", "c_empty", "déjà vu", "e"):
+        (src / cls).mkdir(parents=True)
+    for cls in ("a class", "b.v2", "déjà vu", "e"):
+        (src / cls / "x.jpg").write_bytes(cls.encode())
+    (src / "b.v2" / "deep").mkdir()
+    (src / "b.v2" / "deep" / "y.JPG").write_bytes(b"deep")
+    (src / "c_empty" / "notes.txt").write_text("no image here")
+    index = pack(str(src), str(tmp_path / "dst"), extensions=[".jpg"])
+    folder = ListFiles(url=f"{src}/*/**", label="top_dir", extensions=[".jpg"])
+    by_folder = {r["path"][len(str(src)) + 1:].rsplit(".", 1)[0]: r["label"] for r in folder.records()}
+    by_shards = {s["__key__"]: s["cls"] for s in ReadTar(ListFiles(url=f"{tmp_path}/dst/*.tar"))}
+    assert by_shards == by_folder == {"a class/x": 0, "b.v2/deep/y": 1, "b.v2/x": 1, "déjà vu/x": 3, "e/x": 4}
+    assert index["classes"] == folder.classes == ["a class", "b.v2", "c_empty", "déjà vu", "e"]
+    assert "pack: class folder(s)" in caplog.text and "c_empty" in caplog.text
+
+
+def test_pack_resize_keeps_16_bit_images_as_the_loader_decodes_them(tmp_path: Path) -> None:
+    """A 16-bit PNG re-encoded by --resize keeps the top 8 bits of its samples, as
+    conveyor.image decodes the original; Pillow's own conversion clipped it to white."""
+    import numpy as np
+    from PIL import Image
+
+    from conveyor import image as ci
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    arr = np.full((300, 400), 0x4000, np.uint16)
+    arr[:, 200:] = 0xC0FF
+    Image.fromarray(arr).save(tmp_path / "src" / "a" / "deep.png")
+    pack(str(tmp_path / "src"), str(tmp_path / "out"), resize=100)
+    (sample,) = ReadTar(ListFiles(url=f"{tmp_path}/out/*.tar"), fields=["jpg", "cls"])
+    with Image.open(io.BytesIO(sample["jpg"])) as img:
+        assert img.mode == "L" and img.size == (133, 100)
+    got = ci.decode({"bytes": sample["jpg"], "__key__": "a/deep"})["image"][0].float()
+    original = ci.decode({"path": str(tmp_path / "src" / "a" / "deep.png")})["image"][0].float()
+    assert original[0, 0] == 0x40 and original[0, -1] == 0xC0
+    assert abs(got[:, :60].mean().item() - 0x40) < 2 and abs(got[:, -60:].mean().item() - 0xC0) < 2
+
+
+def test_imagenet_shards_spec_reads_every_format_the_folder_specs_take(tmp_path: Path) -> None:
+    """An ImageFolder of .bmp/.tif/.pgm... images packs, and imagenet-shards.yaml decodes them
+    all, as imagenet.yaml does from the folder: they failed as samples without an image."""
+    from PIL import Image
+
+    src = tmp_path / "src"
+    formats = [("a", "x.JPEG", "JPEG"), ("a", "y.bmp", "BMP"), ("a", "z.TIF", "TIFF"), ("b", "x.pgm", "PPM"),
+               ("b", "y.ppm", "PPM"), ("b", "z.tiff", "TIFF"), ("c", "x.webp", "WEBP"), ("c", "y.Png", "PNG")]
+    for i, (cls, name, fmt) in enumerate(formats):
+        (src / cls).mkdir(parents=True, exist_ok=True)
+        img = Image.effect_noise((48, 40), 30 + i).convert("L" if name.endswith("pgm") else "RGB")
+        img.save(src / cls / name, fmt)
+    pack(str(src), str(tmp_path / "shards"))
+    small = {"batch_size": 1, "image_size": 16}
+    with load_graph(ROOT / "specs/imagenet.yaml", root=str(src), **small) as loader:
+        folder = sorted(b["label"].item() for b in loader)
+    with load_graph(SPEC, root=str(tmp_path / "shards"), **small) as loader:
+        shards = sorted(b["label"].item() for b in loader)
+    assert shards == folder == [0, 0, 0, 1, 1, 1, 2, 2]

@@ -12,7 +12,7 @@ import pytest
 
 from torchdata.nodes import IterableWrapper
 
-from conveyor import SampleError, load_graph
+from conveyor import SampleError, SourceError, load_graph
 from conveyor.cli import main as cli_main
 from conveyor.nodes.fetch import Fetch
 from conveyor.nodes.list_files import ListFiles
@@ -232,3 +232,27 @@ output: fetch
     assert cli_main(["validate", str(bad)]) == 1
     out = capsys.readouterr()
     assert SECRET not in out.out + out.err
+
+
+def test_folder_markers_are_folders_not_files(s3, tmp_path: Path, caplog) -> None:
+    """Keys ending in / (the AWS console's "Create folder", many sync tools) are folders: never
+    samples, an empty class folder with one numbered as on local disk, in list_files and pack."""
+    keys = ["train/", "train/a cat/", "train/a cat/1.txt", "train/a cat/sub/", "train/a cat/sub/2.txt",
+            "train/b/", "train/b/3.txt", "train/c empty/", "train/d/4.txt"]
+    for key in keys:
+        s3.client.put_object(Bucket=s3.bucket, Key=key, Body=b"" if key.endswith("/") else key.encode())
+    root = s3.url("train")
+    expected = [(f"{root}/a cat/1.txt", 0), (f"{root}/a cat/sub/2.txt", 0), (f"{root}/b/3.txt", 1),
+                (f"{root}/d/4.txt", 3)]
+    node = ListFiles(url=f"{root}/*/**", label="top_dir")
+    assert [(r["path"], r["label"]) for r in node.records()] == expected
+    assert node.classes == ["a cat", "b", "c empty", "d"]
+    assert "c empty" in caplog.text and "left out" not in caplog.text
+    for url in (root, f"{root}/**"):  # a folder, or every file below it: no marker among them
+        assert [r["path"] for r in ListFiles(url=url).records()] == [p for p, _ in expected]
+    with pytest.raises(SourceError, match="no file matches"):
+        ListFiles(url=f"{root}/c empty/*").records()
+    index = pack(root, str(tmp_path / "packed"))
+    assert index["classes"] == node.classes
+    got = [(s["__key__"], s["cls"]) for s in ReadTar(ListFiles(url=f"{tmp_path}/packed/*.tar"))]
+    assert got == [("a cat/1", 0), ("a cat/sub/2", 0), ("b/3", 1), ("d/4", 3)]

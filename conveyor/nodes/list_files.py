@@ -25,7 +25,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.errors import SourceError, StateError
 from conveyor.nodes._rng import derive_seed
-from conveyor.storage import Storage, fixed_part
+from conveyor.storage import Storage, fixed_part, is_folder_marker
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,8 @@ LABEL_CHOICES = (None, "parent_dir", "top_dir")
 
 def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[str]]:
     """The fixed part of ``url`` before its wildcards (``Storage.glob_root``) and the sorted
-    matches of ``url`` (a folder: every file below it), listed through ``conveyor.storage``:
+    matches of ``url`` (a folder: every file below it; object storage's folder markers, which
+    end in ``/``, included), listed through ``conveyor.storage``:
     transient errors are retried, a folder that fails to list is an error (fsspec's glob
     silently leaves it out), a missing bucket or an empty match is a ``SourceError`` naming
     the URL."""
@@ -44,7 +45,7 @@ def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[s
         literal, wild = fixed_part(url)
         if not wild and storage.call(literal, "isdir"):
             pattern = url.rstrip("/") + "/**"  # a folder: every file below it
-        return storage.glob_root(pattern), storage.glob(pattern)
+        return storage.glob_root(pattern), storage.glob(pattern, folder_markers=True)
     finally:
         storage.close()
 
@@ -72,12 +73,27 @@ def _classes_by(label: str | None, root: str, url: str) -> Callable[[str], str] 
 
 
 def _class_folders(root: str, found: list[str]) -> set[str]:
-    """The visible folders right below ``root``: those the listing passed through, and on the
-    local disk every one there, empty or not (object storage has no empty folders)."""
+    """The visible folders right below ``root``: those the listing passed through (on object
+    storage an empty one too when it has a folder marker, ``root/<class>/``), and on the local
+    disk every one there, empty or not."""
     names = {rel.split("/", 1)[0] for rel in (below(p, root) for p in found) if rel and "/" in rel}
     if os.path.isdir(root):
         names.update(e.name for e in os.scandir(root) if e.is_dir())
     return {n for n in names if not n.startswith(".")}
+
+
+def number_classes(root: str, names: list[str], found: list[str], who: str = "list_files") -> dict[str, int]:
+    """Class numbers as ``ImageFolder`` gives them to ``root/<class>/**``: every visible class
+    folder (``_class_folders`` of ``found``, the listing before any filter) in sorted order,
+    ``names`` (the classes of the files kept) among them, and a warning naming the folders
+    that hold no file kept, whose numbers stay free. ``list_files(label: top_dir)`` and
+    ``conveyor pack`` number with this, so shards and folders of one tree agree."""
+    folders = set(names) | _class_folders(root, found)
+    empty = sorted(folders - set(names))
+    if empty:
+        log.warning("%s: class folder(s) under %r with no file listed, their labels kept free: %s",
+                    who, root, ", ".join(empty[:5]) + (" ..." if len(empty) > 5 else ""))
+    return {n: i for i, n in enumerate(sorted(folders))}
 
 
 def suffixes(extensions: list[str]) -> tuple[str, ...]:
@@ -93,6 +109,21 @@ def _hidden(path: str, root: str) -> bool:
     resource forks; ``.ipynb_checkpoints/``: Jupyter's copies)."""
     rel = below(path, root) or path.rsplit("/", 1)[-1]
     return any(part.startswith(".") for part in rel.split("/"))
+
+
+def _visible(paths: list[str], root: str, url: str) -> list[str]:
+    """The paths that are not hidden (``_hidden``); what is left out is named in a warning, or
+    in a ``SourceError`` when nothing is left."""
+    kept = [p for p in paths if not _hidden(p, root)]
+    if len(kept) < len(paths):
+        example = min(set(paths) - set(kept))
+        if not kept:
+            raise SourceError(f"list_files: {len(paths)} files match {url!r} but every one is hidden "
+                              f"or in a hidden folder (e.g. {example}); a label needs visible files")
+        log.warning("list_files: %d of the %d files matching %r are left out, hidden or in a hidden "
+                    "folder, e.g. %s (labels are for visible files and folders)",
+                    len(paths) - len(kept), len(paths), url, example)
+    return kept
 
 
 def with_suffix(paths: list[str], ends: tuple[str, ...] | None, url: str, who: str = "list_files",
@@ -147,7 +178,9 @@ class ListFiles(BaseNode[dict]):
             ``"top_dir"`` (from the first folder below the url's part before its wildcards, as
             ``ImageFolder`` numbers ``root/<class>/**``: images in subfolders of a class folder
             are that class's, and every visible class folder has its number, listed files or
-            not, with a warning: train and val agree when a val folder is empty).
+            not, with a warning: train and val agree when a val folder is empty). With a
+            label, hidden files and files in hidden folders are left out (with a warning) even
+            without ``extensions``: a ``.ipynb_checkpoints`` folder is no class.
         shuffle: permute the listing each epoch, seeded by (seed, epoch).
         seed: the shuffle's seed.
         storage_options: passed to fsspec (endpoint, credentials); never logged.
@@ -193,22 +226,20 @@ class ListFiles(BaseNode[dict]):
     def _list(self) -> tuple[list[str], list[dict]]:
         """(the sorted paths, their records); sets ``classes``."""
         root, found = _glob(self.url, self.storage_options)
-        if not found:
+        paths = [p for p in found if not is_folder_marker(p)]  # markers: only for the class census
+        if not paths:
             raise SourceError(f"list_files: no file matches {self.url!r} (check the path and the glob)")
-        paths = found
         if self.extensions is not None:
-            paths = with_suffix(found, self.extensions, self.url, hint="; set extensions to take them",
+            paths = with_suffix(paths, self.extensions, self.url, hint="; set extensions to take them",
                                 root=root)
+        elif self.label is not None:  # a hidden folder is no class (.ipynb_checkpoints would be 0)
+            paths = _visible(paths, root, self.url)
         class_of = _classes_by(self.label, root, self.url)
         names = [class_of(p) for p in paths] if class_of else []
-        folders = set(names)
         if self.label == "top_dir":  # numbered as ImageFolder numbers them, listed files or not
-            folders |= _class_folders(root, found)
-            empty = sorted(folders - set(names))
-            if empty:
-                log.warning("list_files: class folder(s) under %r with no file listed, their labels "
-                            "kept free: %s", root, ", ".join(empty[:5]) + (" ..." if len(empty) > 5 else ""))
-        classes = {n: i for i, n in enumerate(sorted(folders))}
+            classes = number_classes(root, names, found)
+        else:
+            classes = {n: i for i, n in enumerate(sorted(set(names)))}
         records = [{"path": p, "label": classes[names[i]] if names else -1, "index": i}
                    for i, p in enumerate(paths)]
         self.classes = sorted(classes, key=classes.__getitem__)
