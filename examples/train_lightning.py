@@ -6,9 +6,11 @@ next batch.
     python examples/train_lightning.py --ckpt runs/lightning --epochs 2 --resume   # after a crash
 
 Lightning sees a loader with ``state_dict``/``load_state_dict`` and saves its state in every
-checkpoint (``loops.fit_loop.state_dict.combined_loader``), and ``len(loader)`` gives it the
-steps per epoch, so it takes each batch as the training step asks for it. ``--every N`` saves
-``last.ckpt`` every N steps; ``--crash-after N`` raises after step N (a stand-in for a crash);
+checkpoint (``loops.fit_loop.state_dict.combined_loader``). Where ``len(loader)`` gives it the
+steps per epoch, it takes each batch as the training step asks for it; where the data decide
+the length (a filter, say), it reads one batch ahead, and ``conveyor.lightning.ExactResume``
+saves the loader's state from before that batch (without it, a resumed fit skips it).
+``--every N`` saves ``last.ckpt`` every N steps; ``--crash-after N`` raises after step N (a stand-in for a crash);
 ``--log-samples FILE`` appends ``step epoch idx,idx,...`` lines.
 """
 
@@ -24,6 +26,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 
 from conveyor import load_graph
+from conveyor.lightning import ExactResume
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,12 +75,15 @@ def main(argv: list[str] | None = None) -> L.Trainer:
     ap.add_argument("--crash-after", type=int, default=None)
     ap.add_argument("--resume", action="store_true", help='fit(ckpt_path="last")')
     ap.add_argument("--log-samples", type=Path, default=None)
+    ap.add_argument("--no-exact-resume", action="store_true",
+                    help="leave out conveyor.lightning.ExactResume (to see what it fixes)")
     args = ap.parse_args(argv)
     logging.getLogger("lightning").setLevel(logging.WARNING)
 
     torch.manual_seed(0)
-    callbacks: list[Callback] = [ModelCheckpoint(dirpath=args.ckpt, save_last=True, save_top_k=0,
-                                                 every_n_train_steps=args.every)]
+    callbacks: list[Callback] = [] if args.no_exact_resume else [ExactResume()]
+    callbacks += [ModelCheckpoint(dirpath=args.ckpt, save_last=True, save_top_k=0,
+                                  every_n_train_steps=args.every)]
     if args.crash_after is not None:
         callbacks.append(CrashAfter(args.crash_after))
     trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False,

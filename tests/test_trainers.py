@@ -318,3 +318,30 @@ def test_a_loader_refuses_pickle_and_copy_saying_what_to_do_instead():
             with pytest.raises(TypeError, match=r"cannot be pickled or copied.*load_graph"):
                 attempt(loader)
         assert len([b for b in loader]) == 10  # the loader itself goes on
+
+
+@pytest.mark.timeout(30)
+def test_state_dict_behind_is_the_state_from_before_the_last_batches(tmp_path):
+    # what conveyor.lightning.ExactResume asks for when Lightning has read a batch ahead
+    spec = tmp_path / "filtered.yaml"
+    spec.write_text(NUMBERS.read_text().replace("${spec_dir}/../examples", str(ROOT / "examples"))
+                    .replace("  batch:", "  keep:    {op: filter, fn: chain_fns:keep_two_of_three}\n  batch:"))
+    with load_graph(spec, batch_size=4) as loader:
+        with pytest.raises(TypeError):
+            len(loader)  # unknown: the loader keeps the states from before its last two batches
+        it = iter(loader)
+        states, batches = [], []
+        for _ in range(4):
+            states.append(loader.state_dict())
+            batches.append(next(it)["index"].tolist())
+        assert loader.state_dict(behind=1) == states[3] and loader.state_dict(behind=2) == states[2]
+        with pytest.raises(ValueError, match="keeps the states from before the last 2"):
+            loader.state_dict(behind=3)
+        saved = json.loads(json.dumps(loader.state_dict(behind=1)))
+    with load_graph(spec, batch_size=4) as again:
+        again.load_state_dict(saved)
+        assert next(iter(again))["index"].tolist() == batches[3]
+    with load_graph(NUMBERS, batch_size=4) as known:  # len() known: nobody reads ahead, none kept
+        next(iter(known))
+        with pytest.raises(ValueError, match="last 0 batch"):
+            known.state_dict(behind=1)

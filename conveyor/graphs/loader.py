@@ -29,6 +29,7 @@ import json
 import logging
 import time
 import weakref
+from collections import deque
 from typing import Any, Iterator
 
 from conveyor.errors import ConveyorError, StateError
@@ -43,6 +44,7 @@ from conveyor.nodes._threads import join_threads
 
 log = logging.getLogger(__name__)
 
+KEEP_BEHIND = 2  # pre-batch states kept for state_dict(behind=...), where len() is unknown
 LINGER_WAIT = 5.0  # seconds close() waits for threads busy in an item when they were asked to stop
 STATE_FORMAT = 2  # {"format": 2, "rank<R>": JSON of the rank's state}
 RANK_FORMAT = 1    # the layout of one rank's state (a format-1 state is one of these, bare)
@@ -160,6 +162,7 @@ class Loader:
         self._exhausted = False
         self._peeked: list[Any] = []       # one batch (or _END) read ahead: restore, peek()
         self._peek_state: dict | None = None  # the rank state from before that read
+        self._behind: deque[dict] | None = None  # rank states from before the epoch's last batches
         self._abandoned = 0        # epochs left with batches by a new iter() (logged once)
         self._length: int | None = None   # len(), once known
         self._closed = False
@@ -230,6 +233,8 @@ class Loader:
         for counted in self._c.nodes.values():
             counted.items = 0
         self._peeked, self._peek_state = [], None  # read ahead from the position being left
+        if self._behind is not None:
+            self._behind.clear()
         dog = self._dog
         if dog is not None:
             dog.start()
@@ -310,6 +315,9 @@ class Loader:
     def _next(self, generation: int) -> Any:
         if self._exhausted or not self._started or generation != self._generation:
             raise StopIteration
+        if self._behind is None:  # decided once: kept where a consumer may read ahead (below)
+            self._behind = deque(maxlen=KEEP_BEHIND if self._known_length() is None else 0)
+        before = self._rank_state() if self._behind.maxlen else None
         have = True
         if self._peeked:
             item = self._peeked.pop()
@@ -339,6 +347,8 @@ class Loader:
             raise StopIteration
         self._yielded += 1
         self._taken = True
+        if before is not None:
+            self._behind.append(before)
         return item
 
     def peek(self) -> Any:
@@ -402,17 +412,34 @@ class Loader:
             "graph": self._root.state_dict(),
         }
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, behind: int = 0) -> dict[str, Any]:
         """Where the loader is, as plain data; cheap enough for every step.
 
         ``{"format": 2, "rank<R>": "<JSON>"}``: plain types only, so ``torch.load`` with its
         defaults, JSON and ``torch.distributed.checkpoint`` all read it. The entry is keyed by
         this rank, so under DCP every rank's entry is its own and ``load_state_dict`` picks it
         (``rank_states`` decodes the entries).
+
+        Args:
+            behind: the state from before the last ``behind`` batches of the current epoch, for
+                a consumer that has taken batches it has not used yet (Lightning reads one ahead
+                of the training step when ``len()`` is unknown: :class:`conveyor.lightning.ExactResume`).
+                Kept for the last two batches of an epoch where ``len()`` is unknown.
+
+        Raises:
+            ValueError: ``behind`` is more batches than the loader kept.
         """
         self._check_open()
-        return {"format": STATE_FORMAT,
-                rank_key(self._c.rank): json.dumps(self._rank_state(), separators=(",", ":"))}
+        if behind:
+            kept = self._behind if self._behind is not None else ()
+            if not 0 < behind <= len(kept):
+                raise ValueError(f"{self._c.plan.path}: no state from {behind} batch(es) back: the loader "
+                                 f"keeps the states from before the last {len(kept)} batch(es) of this epoch "
+                                 f"(up to {KEEP_BEHIND}, where len() is unknown)")
+            state = kept[-behind]
+        else:
+            state = self._rank_state()
+        return {"format": STATE_FORMAT, rank_key(self._c.rank): json.dumps(state, separators=(",", ":"))}
 
     def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
         """Resume from ``state``: the next batch is the one after the step it was taken at.
