@@ -204,9 +204,31 @@ def test_a_hidden_folder_is_no_class_without_extensions_too(tree: Path, caplog):
         assert all("/." not in r["path"] for r in run(node)) and ".ipynb_checkpoints" not in node.classes
     assert [(r["path"], r["label"]) for r in run(ListFiles(url=f"{tree}/*/**", label="top_dir"))] == want
     assert "2 of the 7 files" in caplog.text and "hidden" in caplog.text
-    assert len(run(ListFiles(url=f"{tree}/*/**"))) == len(want) + 2  # no label: every match, as asked
+    assert [r["path"] for r in run(ListFiles(url=f"{tree}/*/**"))] == [p for p, _ in want]  # no label too
     with pytest.raises(SourceError, match="every one is hidden"):
         ListFiles(url=f"{tree}/.ipynb*/*", label="parent_dir").reset()
+
+
+def test_hidden_files_are_listed_only_by_a_pattern_that_starts_with_a_dot(tmp_path: Path, caplog):
+    """As in the shell and Python's glob: a folder copied from a Mac holds ._a.jsonl (a binary
+    resource fork) beside a.jsonl, and *.jsonl read it as records (an error at its first byte)."""
+    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "._a.jsonl").write_bytes(b"\0\5\26\7 resource fork")
+    (tmp_path / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub/b.jsonl").write_text('{"text": "b"}\n')
+    (tmp_path / "sub/.b.jsonl.swp").write_text("an editor's swap file")
+    names = lambda url: [r["path"].removeprefix(f"{tmp_path}/") for r in run(ListFiles(url=url))]
+    with caplog.at_level(logging.WARNING):
+        assert names(f"{tmp_path}/*.jsonl") == ["a.jsonl"]
+    assert "1 of the 2 files" in caplog.text and "._a.jsonl" in caplog.text  # named, not dropped silently
+    assert names(str(tmp_path)) == ["a.jsonl", "sub/b.jsonl"]  # a folder: every visible file below it
+    assert names(f"{tmp_path}/**") == ["a.jsonl", "sub/b.jsonl"]
+    assert names(f"{tmp_path}/.*.jsonl") == ["._a.jsonl"]  # asked for by name
+    assert names(f"{tmp_path}/sub/.*") == ["sub/.b.jsonl.swp"]
+    with pytest.raises(SourceError, match="every one is hidden.*starts with a dot"):
+        ListFiles(url=f"{tmp_path}/*/*.swp").reset()  # a match, but only hidden ones: said, not 'no file'
+
 
 def test_list_files_follows_symlinked_folders_as_imagefolder(tree: Path, tmp_path_factory, monkeypatch, caplog):
     store = tmp_path_factory.mktemp("store")

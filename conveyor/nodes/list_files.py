@@ -111,6 +111,14 @@ def _hidden(path: str, root: str) -> bool:
     return any(part.startswith(".") for part in rel.split("/"))
 
 
+def asks_hidden(url: str) -> bool:
+    """Whether a part of ``url`` from its first wildcard on starts with a dot (``root/.*.jsonl``):
+    as in the shell and Python's ``glob``, only such a pattern lists hidden names."""
+    parts = url.split("/")
+    first = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
+    return any(part.startswith(".") for part in parts[first:])
+
+
 def _visible(paths: list[str], root: str, url: str) -> list[str]:
     """The paths that are not hidden (``_hidden``); what is left out is named in a warning, or
     in a ``SourceError`` when nothing is left."""
@@ -119,9 +127,12 @@ def _visible(paths: list[str], root: str, url: str) -> list[str]:
         example = min(set(paths) - set(kept))
         if not kept:
             raise SourceError(f"list_files: {len(paths)} files match {url!r} but every one is hidden "
-                              f"or in a hidden folder (e.g. {example}); a label needs visible files")
+                              f"or in a hidden folder (e.g. {example}); a pattern lists hidden names "
+                              "only where it starts with a dot itself (root/.*.jsonl), and a label "
+                              "needs visible files")
         log.warning("list_files: %d of the %d files matching %r are left out, hidden or in a hidden "
-                    "folder, e.g. %s (labels are for visible files and folders)",
+                    "folder, e.g. %s (as in the shell, a pattern lists hidden names only where it "
+                    "starts with a dot itself; labels are for visible files and folders)",
                     len(paths) - len(kept), len(paths), url, example)
     return kept
 
@@ -179,8 +190,10 @@ class ListFiles(BaseNode[dict]):
             ``ImageFolder`` numbers ``root/<class>/**``: images in subfolders of a class folder
             are that class's, and every visible class folder has its number, listed files or
             not, with a warning: train and val agree when a val folder is empty). With a
-            label, hidden files and files in hidden folders are left out (with a warning) even
-            without ``extensions``: a ``.ipynb_checkpoints`` folder is no class.
+            label, hidden files and folders are always left out: a ``.ipynb_checkpoints``
+            folder is no class. Without one, they are left out (with a warning) unless a part
+            of the pattern from its first wildcard on starts with a dot (``root/.*.jsonl``), as
+            in the shell: macOS's ``._a.jsonl`` beside ``a.jsonl`` is no data.
         shuffle: permute the listing each epoch, seeded by (seed, epoch).
         seed: the shuffle's seed.
         storage_options: passed to fsspec (endpoint, credentials); never logged.
@@ -232,7 +245,8 @@ class ListFiles(BaseNode[dict]):
         if self.extensions is not None:
             paths = with_suffix(paths, self.extensions, self.url, hint="; set extensions to take them",
                                 root=root)
-        elif self.label is not None:  # a hidden folder is no class (.ipynb_checkpoints would be 0)
+        elif self.label is not None or not asks_hidden(self.url):
+            # macOS's ._a.jsonl and a .ipynb_checkpoints folder are no data (and no class)
             paths = _visible(paths, root, self.url)
         class_of = _classes_by(self.label, root, self.url)
         names = [class_of(p) for p in paths] if class_of else []
