@@ -178,6 +178,89 @@ def test_not_utf8_is_a_bad_line(tmp_path):
         _drain(_reader(str(path)))
 
 
+def _prose() -> list[str]:
+    """Real prose: the docstrings of some standard-library modules and their members, and lines
+    in many scripts (CJK, RTL, emoji with ZWJ and skin tones, combining accents, NFC and NFD)."""
+    import importlib
+    import inspect
+    import unicodedata
+
+    docs: list[str] = []
+    for name in ("json", "collections", "os", "re", "argparse", "itertools", "functools", "pathlib",
+                 "logging", "decimal", "datetime", "email.message", "http.client", "unittest"):
+        module = importlib.import_module(name)
+        for _, obj in [(name, module)] + inspect.getmembers(module):
+            doc = inspect.getdoc(obj)
+            if doc and doc not in docs:
+                docs.append(doc)
+    docs += ["日本語のテキスト、句読点。漢字とかな", "中文文本：你好，世界！", "한국어 문장입니다.",
+             "مرحبا بالعالم، هذا نص عربي", "שלום עולם, זה טקסט בעברית", "👨‍👩‍👧‍👦 family 👍🏽 🏳️‍🌈",
+             unicodedata.normalize("NFC", "café naïve résumé"), unicodedata.normalize("NFD", "café naïve résumé"),
+             "e\u0301\u0301\u0301 stacked accents", "tab\there\r\nCRLF inside", "nul\x00byte"]
+    return docs
+
+
+def _prose_jsonl(size: int) -> bytes:
+    """At least ``size`` bytes of JSONL records of ``_prose()``, repeated as needed."""
+    lines = [json.dumps({"text": t}, ensure_ascii=False).encode() + b"\n" for t in _prose()]
+    out = bytearray()
+    while len(out) < size:
+        out += b"".join(lines)
+    return bytes(out)
+
+
+def test_a_truncated_or_corrupt_compressed_file_names_the_file_and_line_or_skips_its_rest(tmp_path, monkeypatch):
+    import bz2
+    import lzma
+
+    from conveyor.nodes import read_jsonl
+
+    monkeypatch.setattr(read_jsonl, "BLOCK", 1 << 16)  # several read blocks: the cut falls after some records
+    data = _prose_jsonl(1)
+    n_lines = data.count(b"\n")
+    for suffix, compress in ((".gz", gzip.compress), (".bz2", lambda d: bz2.compress(d, 1)), (".xz", lzma.compress)):
+        blob = compress(data)  # (bz2 in its 100 kB blocks, so some come whole before the cut)
+        path = tmp_path / f"cut.jsonl{suffix}"
+        path.write_bytes(blob[: len(blob) * 3 // 4])  # a download cut short
+        with pytest.raises(SampleError, match=rf"cut\.jsonl\{suffix}: cannot read it after line \d+ "
+                                              r"\(EOFError") as err:  # was a bare EOFError
+            _drain(_reader(str(path)))
+        assert "in read_jsonl" in err.value.__notes__
+        node = _reader(str(path), on_error="skip")
+        out = _drain(node)
+        assert 0 < len(out) < n_lines and [r["line"] for r in out] == list(range(1, len(out) + 1))
+        assert node.stats()["skipped"] == 1  # the rest of the file, counted
+        assert f"cut.jsonl{suffix}:{len(out) + 1}" in str(node.ledger.state())
+    broken = bytearray(gzip.compress(data))
+    broken[-8] ^= 0xFF  # its CRC: the data decode, then the check at the end fails
+    (tmp_path / "bad.jsonl.gz").write_bytes(bytes(broken))
+    with pytest.raises(SampleError, match=r"bad\.jsonl\.gz: cannot read it after line \d+ "
+                                          r"\(BadGzipFile: CRC check failed"):
+        _drain(_reader(str(tmp_path / "bad.jsonl.gz")))  # was a bare BadGzipFile
+
+
+def test_a_compression_the_name_hides_or_that_needs_a_package_is_named(tmp_path):
+    from fsspec.utils import infer_compression
+
+    data = _prose_jsonl(1000)
+    (tmp_path / "hidden.jsonl").write_bytes(gzip.compress(data))  # gzipped, named as text
+    for fmt in ("jsonl", "lines"):
+        for on_error in ("raise", "skip"):  # not a screen of "not utf-8" lines, nor all of them skipped
+            with pytest.raises(SampleError, match=r"hidden\.jsonl: it is gzip-compressed but its name does "
+                                                  r"not end in \.gz"):
+                _drain(_reader(str(tmp_path / "hidden.jsonl"), format=fmt, on_error=on_error))
+    (tmp_path / "plain.jsonl").write_bytes(b'{"text": "BZh91AY& is text"}\n' + data)
+    assert len(_drain(_reader(str(tmp_path / "plain.jsonl")))) == data.count(b"\n") + 1
+    (tmp_path / "bzh.txt").write_bytes(b"BZh9 is a line of text\n")
+    assert _drain(_reader(str(tmp_path / "bzh.txt"), format="lines"))[0]["text"] == "BZh9 is a line of text"
+    if infer_compression("a.jsonl.zst") is not None:
+        pytest.skip("zstandard is installed here: fsspec reads .zst")
+    (tmp_path / "a.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(range(64)))
+    with pytest.raises(SampleError, match=r"a\.jsonl\.zst: zstd-compressed files need the zstandard "
+                                          r"package: pip install zstandard"):
+        _drain(_reader(str(tmp_path / "a.jsonl.zst"), on_error="skip"))  # was every line skipped as not utf-8
+
+
 def test_read_jsonl_resumes_mid_file_by_byte_offset_at_every_step(tmp_path):
     _corpus(tmp_path, files=3, per_file=7)
     full = _drain(_reader(f"{tmp_path}/*.jsonl"))

@@ -16,8 +16,14 @@ logged). Blank (whitespace-only) lines hold no record and are passed over, as pa
 and the ndjson spec do (a line keeps its number: ``index`` has a gap there); a UTF-8 byte order
 mark starting a file (Windows tools write one) is not part of its first line.
 
-Files ending in ``.gz``, ``.bz2``, ``.zst``... are decompressed on the fly (fsspec's
-``compression="infer"``); offsets then count decompressed bytes.
+Files ending in ``.gz``, ``.bz2``, ``.xz``, ``.zip`` (and ``.zst`` or ``.lz4`` where the
+``zstandard`` or ``lz4`` package is installed) are decompressed on the fly (fsspec's
+``compression="infer"``); offsets then count decompressed bytes. A file whose name asks for a
+codec that is not installed, or whose first bytes are a compressed stream that its name does not
+announce, is an error naming it (read as text, either was a screen of bad lines), and so is a
+file that cannot be read to its end (a truncated or corrupt ``.gz``, a failed read): it names the
+file and the last line read, or with ``on_error="skip"`` the rest of the file is skipped and
+counted.
 
 The state is the input's state before the current file, whether a file is open, and the
 byte offset and line number in it. A restore re-reads that one file record from the input,
@@ -39,9 +45,12 @@ from __future__ import annotations
 import codecs
 import json
 import logging
+import lzma
+import zlib
 from typing import Any
 
 import fsspec
+from fsspec.utils import infer_compression
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
@@ -59,6 +68,44 @@ NESTED = 256     # lines with this many brackets are parsed by the standard libr
 FORMATS = ("jsonl", "lines")
 ON_ERROR = ("raise", "skip")
 LINE_BITS = 32
+# what reading a file can raise: OSError (a failed read, BadGzipFile), EOFError (a truncated
+# .gz/.bz2/.xz), zlib.error and lzma.LZMAError (corrupt data)
+_READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, lzma.LZMAError)
+try:
+    from zstandard import ZstdError as _ZstdError
+    _READ_ERRORS += (_ZstdError,)
+except ImportError:
+    pass
+# name suffixes of compressions fsspec infers only where a package is installed
+_CODEC_PACKAGES = {"zst": ("zstd", "zstandard"), "lz4": ("lz4", "lz4")}
+# first bytes of compressed streams, for a file whose name announces none
+_MAGIC = ((b"\x1f\x8b", "gzip", ".gz"), (b"BZh", "bz2", ".bz2"), (b"\xfd7zXZ\x00", "xz", ".xz"),
+          (b"\x28\xb5\x2f\xfd", "zstd", ".zst"), (b"PK\x03\x04", "zip", ".zip"),
+          (b"\x04\x22\x4d\x18", "lz4", ".lz4"))
+
+
+def compression_problem(path: str, head: bytes | None = None) -> str | None:
+    """Why ``path`` cannot be read as its name says, or ``None``: its suffix names a compression
+    whose package is not installed, or (given its first bytes ``head``) it is a compressed stream
+    that its name does not announce. fsspec infers compression from the name alone, and read as
+    text either file was a bad line per block of binary.
+
+    Example:
+        >>> compression_problem("a.jsonl", b"\\x1f\\x8b\\x08\\x00")
+        'it is gzip-compressed but its name does not end in .gz (compression is inferred from the name); rename it'
+    """
+    if infer_compression(path) is not None:
+        return None
+    suffix = path.rsplit("/", 1)[-1].rpartition(".")[2].lower()
+    if suffix in _CODEC_PACKAGES:
+        codec, package = _CODEC_PACKAGES[suffix]
+        return f"{codec}-compressed files need the {package} package: pip install {package}"
+    if head:
+        for magic, codec, ext in _MAGIC:
+            if head.startswith(magic) and (codec != "bz2" or head[4:8] == b"1AY&"):  # BZh9, then a block
+                return (f"it is {codec}-compressed but its name does not end in {ext} (compression is "
+                        "inferred from the name); rename it")
+    return None
 
 
 def encoding_problem(encoding: Any) -> str | None:
@@ -168,13 +215,23 @@ class ReadJsonl(BaseNode[dict]):
         path = record.get("path") if isinstance(record, dict) else None
         if not isinstance(path, str):
             raise self._error(f"read_jsonl expects file records with a 'path' (from list_files), got {record!r}")
+        problem = compression_problem(path)
+        if problem:
+            raise self._error(f"read_jsonl: cannot read {path}: {problem}")
         try:
             self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
             if offset:
                 self._fh.seek(offset)
-        except OSError as exc:
+            elif infer_compression(path) is None:  # a raw file: is it a stream its name hides?
+                problem = compression_problem(path, self._fh.read(8))
+                self._fh.seek(0)
+        except _READ_ERRORS as exc:
             self.close()
-            raise self._error(f"read_jsonl: cannot open {path}: {exc.strerror or exc}") from exc
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            raise self._error(f"read_jsonl: cannot open {path}: {why}") from exc
+        if problem:
+            self.close()
+            raise self._error(f"read_jsonl: cannot read {path}: {problem}")
         self._file = record
         self._offset = offset
         self._path = path
@@ -203,8 +260,14 @@ class ReadJsonl(BaseNode[dict]):
             self._open(next(self.source), initial_state[self.OFFSET_KEY], count=False)
 
     def _block(self) -> bool:
-        """Read the next block's lines (without their b"\\n"); False at the end of the file."""
-        data = self._fh.read(BLOCK)
+        """Read the next block's lines (without their b"\\n"); False at the end of the file (or
+        where it cannot be read further, on_error: skip)."""
+        try:
+            data = self._fh.read(BLOCK)
+        except _READ_ERRORS as exc:
+            self._unreadable(exc)
+            self._tail = b""  # the start of a line the file ends in the middle of: skipped with the rest
+            return False
         if not data:
             if not self._tail:
                 return False
@@ -296,6 +359,18 @@ class ReadJsonl(BaseNode[dict]):
         self.skipped += 1
         self.ledger.add(where, "SampleError", why)
         log_skip(log, self.skipped, f"read_jsonl: skipped {where}: {why}")
+
+    def _unreadable(self, exc: BaseException) -> None:
+        """The open file fails to read past line ``self._line`` (truncated, corrupt, a failed
+        read): an error naming it, or the rest of the file skipped and counted."""
+        path, after = self._path, f"after line {self._line}" if self._line else "at its start"
+        why = f"cannot read it {after} ({type(exc).__name__}: {exc})"
+        if self.on_error == "raise":
+            raise self._error(f"read_jsonl: {path}: {why} (set on_error: skip to count and skip "
+                              "the rest of such a file)") from exc
+        self.skipped += 1
+        self.ledger.add(f"{path}:{self._line + 1}", type(exc).__name__, f"{why}; the rest of the file skipped")
+        log_skip(log, self.skipped, f"read_jsonl: skipped the rest of {path}: {why}")
 
     def _parse(self, raw: bytes) -> dict | None:
         """The record of a line the fast path did not take, or None (a blank line, or a bad one,
