@@ -259,6 +259,29 @@ def test_length_fn_and_truncate_rule():
         BucketBatch(Items([1]), length=len, boundaries=[4], max_tokens=10, overflow="truncate")
 
 
+def test_truncate_cuts_every_field_as_long_as_the_length_field():
+    import numpy as np
+    import torch
+    from torchdata.nodes import IterableWrapper
+
+    from conveyor.nodes.pad_collate import PadCollate
+
+    text = "A long document, far past the last boundary. " * 4
+    items = []
+    for i, t in enumerate(["short", text, "a bit longer"]):
+        ids = torch.tensor(list(t.encode()))
+        items.append({"input_ids": ids, "labels": ids.clone(), "loss_mask": np.ones(len(ids), np.int64),
+                      "token_type_ids": [0] * len(ids), "text": t, "index": i})
+    node = PadCollate(BucketBatch(IterableWrapper(items), boundaries=[16, 32], batch_sizes=[4, 4],
+                                  overflow="truncate"), fields=["input_ids", "labels", "token_type_ids", "loss_mask"])
+    (batch,) = [b for b in node if len(b["index"]) == 1 and b["index"][0] == 1]
+    for key in ("input_ids", "labels", "token_type_ids", "loss_mask"):  # labels stayed 180 long: misaligned
+        assert batch[key].shape == (1, 32), key
+    assert batch["labels"].tolist() == batch["input_ids"].tolist() == [list(text.encode()[:32])]
+    assert batch["text"] == [text]  # a string is not a sequence of positions
+    assert len(items[1]["labels"]) == len(text)  # the input's item is left as it was
+
+
 # ----- the op in a spec: cross-param rules are spec errors, found before anything runs ------
 
 SPEC_HEAD = """\

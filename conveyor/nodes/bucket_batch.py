@@ -21,7 +21,8 @@ together, so neighbours in a batch have closer lengths (less padding), but it ho
 
 Items longer than the last boundary follow ``overflow``: ``raise`` (``SampleError`` naming the
 item's file and line), ``skip`` (counted), ``truncate`` (the ``length`` field cut to the last
-boundary), or ``own_bucket`` (one more bucket without an upper bound). ``boundaries="auto"``
+boundary, and with it every other sequence field of the same length, such as ``labels`` or
+``attention_mask``, so they stay aligned), or ``own_bucket`` (one more bucket without an upper bound). ``boundaries="auto"``
 takes length quantiles of the first ``auto_sample`` items of the first epoch (logged at INFO,
 shown in ``stats()``, kept in the state so a resumed run uses the same).
 
@@ -85,6 +86,23 @@ def _where(item: Any) -> str:
         if "index" in item:
             return f"item {item['index']}"
     return "an item"
+
+
+def _seq_len(value: Any) -> int | None:
+    """The first-dim length of a sequence field (tensor, numpy array, list), else None."""
+    if isinstance(value, torch.Tensor) or hasattr(value, "__array_interface__"):
+        return value.shape[0] if value.ndim else None
+    return len(value) if isinstance(value, (list, tuple)) else None
+
+
+def _truncated(item: dict, field: str, n: int, keep: int) -> dict:
+    """A copy of ``item`` with ``field`` (``n`` long) cut to ``keep``, and with it every other
+    sequence field as long (labels, attention_mask, token_type_ids: the same positions)."""
+    out = dict(item)
+    for key, value in item.items():
+        if key == field or (type(value) is not str and _seq_len(value) == n):
+            out[key] = value[:keep]
+    return out
 
 
 def auto_boundaries(lengths: Sequence[int], buckets: int, multiple: int | None = None) -> list[int]:
@@ -407,9 +425,8 @@ class BucketBatch(BaseNode[list]):
             if self.overflow == "skip":
                 return -1
             if self.overflow == "truncate":
+                item = _truncated(item, self.length, n, bounds[-1])  # type: ignore[arg-type,index]
                 n = bounds[-1]  # type: ignore[index]
-                item = dict(item)
-                item[self.length] = item[self.length][:n]  # type: ignore[index]
                 b -= 1
         read = self._read
         ordinal = read[b]
