@@ -389,6 +389,23 @@ def test_pad_collate_shapes_masks_lengths_dtypes(case):
     assert real == sum(lengths) and padded == len(samples) * T
 
 
+def test_a_sequence_field_left_out_of_fields_is_named_with_its_samples(tmp_path):
+    texts = ["Return the length of an object.", "شكرا", "👍🏽 done"]
+    _write_jsonl(tmp_path / "t.jsonl", texts)
+    records = [byte_tokenize(r) for r in _drain(_reader(str(tmp_path / "t.jsonl")))]
+    samples = [{**r, "labels": r["input_ids"].clone()} for r in records]  # labels: a causal LM's targets
+    node = PadCollate(IterableWrapper([samples]), fields=["input_ids"])
+    with pytest.raises(ValueError, match=r"field 'labels' is not padded \(it is not in fields\) and its samples "
+                                         r"differ in shape: \(31,\) in sample 0 \(\S*t\.jsonl:1\), \(8,\) in "
+                                         r"sample 1 \(\S*t\.jsonl:2\); name it in fields") as err:
+        next(node)  # was torch's bare "stack expects each tensor to be equal size"
+    assert "in pad_collate" in err.value.__notes__
+    with pytest.raises(ValueError, match=r"field 1 is not padded"):
+        pad_collate([(torch.arange(3), torch.arange(3)), (torch.arange(2), torch.arange(2))], fields=[0])
+    batch, _, _ = pad_collate(samples, fields=["input_ids", "labels"])
+    assert batch["labels"].tolist() == batch["input_ids"].tolist()
+
+
 def test_pad_collate_several_fields_tuples_and_bare_sequences():
     samples = [{"a": [1, 2], "b": torch.tensor([1.5]), "y": 0}, {"a": [3], "b": torch.tensor([2.5, 3.5]), "y": 1}]
     batch, _, _ = pad_collate(samples, pad_value={"a": -1, "b": 0.0})

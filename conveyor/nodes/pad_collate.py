@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import default_collate
 from torchdata.nodes import BaseNode
 
-from conveyor.nodes.collate import check_fields, same_fields
+from conveyor.nodes.collate import _named, check_fields, same_fields
 
 SIDES = ("right", "left")
 DTYPES = ("int64", "int32", "int16", "int8", "uint8", "float64", "float32", "float16", "bfloat16")
@@ -198,6 +198,27 @@ def _collate(values: list) -> Any:
     return default_collate(values)
 
 
+def _shape(value: Any) -> tuple | None:
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return tuple(value.shape)
+    if isinstance(value, (list, tuple)):
+        return (len(value),)
+    return None
+
+
+def _unpadded(name: Any, values: list, samples: Sequence[Any], exc: Exception) -> Exception:
+    """The error for a field that is not padded and failed to collate: one naming it and the
+    first sample whose shape differs from the first's (a sequence left out of ``fields``), or
+    ``exc`` as it was."""
+    first = _shape(values[0])
+    for i, v in enumerate(values):
+        if _shape(v) != first:
+            return ValueError(f"field {name!r} is not padded (it is not in fields) and its samples differ in "
+                              f"shape: {first} in {_named(samples[0], 0)}, {_shape(v)} in {_named(samples[i], i)}; "
+                              "name it in fields to pad it, or leave it out of the samples")
+    return exc
+
+
 def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
                 pad_value: float | Mapping[Any, float] = 0, side: str = "right",
                 pad_to_multiple_of: int | None = None, dtype: torch.dtype | None = None,
@@ -251,7 +272,10 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
                 else:
                     extra[f"{key}_lengths"], extra[f"{key}_mask"] = lengths, mask
             else:
-                out[key] = _collate(values)
+                try:
+                    out[key] = _collate(values)
+                except RuntimeError as exc:  # torch.stack's "expects each tensor to be equal size"
+                    raise _unpadded(key, values, samples, exc) from exc
         clash = [k for k in extra if k in out]
         if clash:
             raise ValueError(f"the samples already have fields {clash}, which pad_collate adds; rename them")
@@ -273,7 +297,10 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
                 real += sum(lengths.tolist())
                 padded_tokens += mask.numel()
             else:
-                cols.append(default_collate(values))
+                try:
+                    cols.append(default_collate(values))
+                except RuntimeError as exc:
+                    raise _unpadded(i, values, samples, exc) from exc
         return tuple(cols + tail), real, padded_tokens
     raise ValueError(f"pad_collate expects dicts, tuples or sequences, got {type(first).__name__}")
 
