@@ -321,8 +321,9 @@ def _tokenizers() -> Any:
 @functools.lru_cache(maxsize=16)
 def load_tokenizer(path: str, max_length: int | None = None) -> Any:
     """The ``tokenizers.Tokenizer`` saved at ``path`` (local or any fsspec URL), read once per
-    path and process; truncating to ``max_length`` ids (specials included) when given, and
-    never padding (``pad_collate`` pads).
+    path and process; truncating to ``max_length`` ids (specials included) when given and
+    never otherwise, whatever truncation the file was saved with (as transformers' fast
+    tokenizers do unless asked to truncate), and never padding (``pad_collate`` pads).
 
     Raises:
         ValueError: the file cannot be read or is not a tokenizer ``tokenizers`` can load;
@@ -342,6 +343,8 @@ def load_tokenizer(path: str, max_length: int | None = None) -> Any:
     tok.no_padding()
     if max_length is not None:
         tok.enable_truncation(max_length)
+    else:  # a file saved with truncation on would cut every longer text, unasked and uncounted
+        tok.no_truncation()
     return tok
 
 
@@ -378,7 +381,8 @@ def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: i
         item: a record with a text field, or a string; or a list of them.
         tokenizer: path or URL of the ``tokenizer.json``; checked when the spec is checked.
         field: the record's text field.
-        max_length: keep at most this many ids, specials included (the tokenizer truncates).
+        max_length: keep at most this many ids, specials included (the tokenizer truncates);
+            ``None`` keeps all, even where the tokenizer.json was saved with truncation on.
         add_special_tokens: add the tokenizer's special tokens (its post-processor's).
         dtype: the ids' integer type (see the module docstring); it must hold the
             vocabulary's largest id (``int32`` holds any real one).

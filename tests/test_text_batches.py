@@ -191,6 +191,48 @@ def test_hf_tokenize_one_by_one_and_in_lists(tokenizer_json):
         sum(len(r["text"].encode()) for r in records)
 
 
+def _docstrings() -> list[str]:
+    """Real prose: the docstrings of a few standard-library modules and their members."""
+    import argparse
+    import collections
+    import inspect
+    import pathlib
+    import re
+
+    docs = [inspect.getdoc(obj) for m in (argparse, collections, pathlib, re)
+            for obj in [m] + [o for _, o in inspect.getmembers(m)]]
+    return [d for d in dict.fromkeys(docs) if d]
+
+
+def test_hf_tokenize_keeps_every_id_of_a_tokenizer_saved_with_truncation_unless_asked(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    docs = _docstrings()
+    tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(docs, tokenizers.trainers.WordPieceTrainer(
+        vocab_size=2000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"], show_progress=False))
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.enable_truncation(64)  # as a tokenizer.json saved after a fine-tuning run often is
+    tok.enable_padding(length=64)
+    path = str(tmp_path / "bert.json")
+    tok.save(path)
+    tok.no_truncation()
+    tok.no_padding()
+    long = max(docs, key=len)
+    full = tok.encode(long).ids
+    assert len(full) > 200
+    for item in ({"text": long}, [{"text": long}, {"text": "short"}]):
+        out = hf_tokenize(item, tokenizer=path)
+        ids = (out if isinstance(out, dict) else out[0])["input_ids"]
+        assert list(ids) == full  # was cut to the file's 64, unasked, and not counted anywhere
+        cut = hf_tokenize(item, tokenizer=path, max_length=16)
+        ids = (cut if isinstance(cut, dict) else cut[0])["input_ids"]
+        assert list(ids) == full[:15] + [3]  # [CLS] ... [SEP]: the specials kept
+    assert list(hf_tokenize([{"text": "short"}], tokenizer=path)[0]["input_ids"]) == tok.encode("short").ids  # unpadded
+
+
 def test_text_spec_with_hf_tokenize_runs_and_resumes(tmp_path, tokenizer_json):
     shipped = SPEC.read_text(encoding="utf-8")
     byte_node = 'fn: "conveyor.text:byte_tokenize"\n    args: {max_length: "${max_length}", dtype: uint8}'
