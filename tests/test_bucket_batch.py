@@ -317,3 +317,30 @@ def test_spec_errors_name_the_param(write_spec, body, param, message):
     errors = [e for e in info.value.errors if e.node == "batch"]
     assert errors and errors[0].param == param and message in errors[0].message, info.value
     assert errors[0].line == 5
+
+
+@pytest.mark.parametrize("bucket_multiple, between, ok", [
+    (None, "", False),     # the budget assumes the longest, pad_collate pads past it
+    (4, "", False),
+    (8, "", True),
+    (16, "", True),        # a multiple of 8 is padded no further by pad_collate
+    (None, "  out: {op: prefetch, depth: 2}\n", False),
+])
+def test_a_budget_that_assumes_less_padding_than_pad_collate_adds_is_a_spec_error(
+        write_spec, bucket_multiple, between, ok):
+    from conveyor import SpecErrors, check_spec, load_graph
+
+    multiple = "" if bucket_multiple is None else f", pad_to_multiple_of: {bucket_multiple}"
+    spec = write_spec(SPEC_HEAD + "  batch: {op: bucket_batch, boundaries: [64, 256, 1024], max_tokens: 2048, "
+                      f"overflow: truncate{multiple}}}\n" + between + "  pad: {op: pad_collate, pad_to_multiple_of: 8}\n")
+    if ok:
+        check_spec(spec)
+        with load_graph(spec) as loader:
+            for batch in loader:
+                assert batch["input_ids"].numel() <= 2048
+        return
+    with pytest.raises(SpecErrors) as info:
+        check_spec(spec)
+    (err,) = info.value.errors  # batches over max_tokens, without a word, was what ran
+    assert (err.node, err.param, err.line) == ("batch", "pad_to_multiple_of", 5)
+    assert "'pad' (pad_collate) pads to a multiple of 8" in err.message and "set pad_to_multiple_of: 8" in err.message

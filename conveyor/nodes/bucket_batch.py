@@ -4,8 +4,9 @@ Items go to buckets by length: bucket ``i`` holds lengths in ``(boundaries[i-1],
 (the first from 0). Each bucket gathers a *pool* of about ``pool`` batches' worth of items;
 a full pool is sorted by length, cut into batches — ``batch_sizes[i]`` items each, or as many
 as fit a token budget ``max_tokens`` (batch size x padded length <= budget, the padded length
-rounded up to ``pad_to_multiple_of``) — and those batches are emitted in an order shuffled by
-(seed, epoch, rank, pool number). At the end of the epoch every partial pool is cut the same
+rounded up to ``pad_to_multiple_of``: in a spec, a multiple of that of the ``pad_collate`` after
+it, or its batches would exceed the budget) — and those batches are emitted in an order
+shuffled by (seed, epoch, rank, pool number). At the end of the epoch every partial pool is cut the same
 way and all their batches are emitted together in one shuffled order (so the epoch does not
 end in length order); ``drop_remainder`` drops each bucket's last batch there when it is not
 full — fewer than its batch size, or room left for one more item of its longest length under
@@ -22,8 +23,8 @@ together, so neighbours in a batch have closer lengths (less padding), but it ho
 Items longer than the last boundary follow ``overflow``: ``raise`` (``SampleError`` naming the
 item's file and line), ``skip`` (counted), ``truncate`` (the ``length`` field cut to the last
 boundary, and with it every other sequence field of the same length, such as ``labels`` or
-``attention_mask``, so they stay aligned), or ``own_bucket`` (one more bucket without an upper bound). ``boundaries="auto"``
-takes length quantiles of the first ``auto_sample`` items of the first epoch (logged at INFO,
+``attention_mask``, so they stay aligned), or ``own_bucket`` (one more bucket without an upper
+bound). ``boundaries="auto"`` takes length quantiles of the first ``auto_sample`` items of the first epoch (logged at INFO,
 shown in ``stats()``, kept in the state so a resumed run uses the same).
 
 State, without the items. Within a bucket, pools are emitted in the order they filled, and
