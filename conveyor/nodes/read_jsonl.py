@@ -195,6 +195,7 @@ class ReadJsonl(BaseNode[dict]):
         self._path = ""                # the open file's path
         self._base = 0                 # the open file's index << LINE_BITS
         self._label = -1               # the open file's label
+        self._sniff = False            # the next block is a raw file's first: check its first bytes
         self._fast = format == "jsonl" and _fast_loads is not None  # parse with orjson first
         self._utf8 = encoding.lower().replace("_", "-") in ("utf-8", "utf8")  # orjson takes the bytes
 
@@ -222,16 +223,11 @@ class ReadJsonl(BaseNode[dict]):
             self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
             if offset:
                 self._fh.seek(offset)
-            elif infer_compression(path) is None:  # a raw file: is it a stream its name hides?
-                problem = compression_problem(path, self._fh.read(8))
-                self._fh.seek(0)
         except _READ_ERRORS as exc:
             self.close()
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
             raise self._error(f"read_jsonl: cannot open {path}: {why}") from exc
-        if problem:
-            self.close()
-            raise self._error(f"read_jsonl: cannot read {path}: {problem}")
+        self._sniff = not offset and infer_compression(path) is None  # (_block: a stream its name hides?)
         self._file = record
         self._offset = offset
         self._path = path
@@ -268,6 +264,12 @@ class ReadJsonl(BaseNode[dict]):
             self._unreadable(exc)
             self._tail = b""  # the start of a line the file ends in the middle of: skipped with the rest
             return False
+        if self._sniff:  # the first block of a raw file (no seek: an HTTP stream cannot)
+            self._sniff = False
+            problem = compression_problem(self._path, data[:8])
+            if problem:
+                self.close()
+                raise self._error(f"read_jsonl: cannot read {self._path}: {problem}")
         if not data:
             if not self._tail:
                 return False
