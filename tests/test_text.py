@@ -261,6 +261,27 @@ def test_a_compression_the_name_hides_or_that_needs_a_package_is_named(tmp_path)
         _drain(_reader(str(tmp_path / "a.jsonl.zst"), on_error="skip"))  # was every line skipped as not utf-8
 
 
+@pytest.mark.timeout(30)
+def test_a_line_of_many_blocks_is_read_in_linear_time_and_resumes(tmp_path, monkeypatch):
+    from conveyor.nodes import read_jsonl
+
+    # a single-line export (a whole corpus as one JSON value) is a line of thousands of blocks;
+    # each block was added to the line read so far, copying it again: 49 s for a 200 MB line, and
+    # here (2 MB in blocks of 16 bytes) minutes, against a fraction of a second
+    monkeypatch.setattr(read_jsonl, "BLOCK", 16)
+    long = (" ".join(_prose()) * 20)[: 2 << 20]
+    path = _write_jsonl(tmp_path / "long.jsonl", ["first", long, "after it"])
+    with path.open("ab") as f:
+        f.write(json.dumps({"text": long[:100]}).encode())  # and a last line without a newline
+    out = _drain(_reader(str(path)))
+    assert [r["text"] for r in out] == ["first", long, "after it", long[:100]]
+    node = _reader(str(path))
+    node.reset()
+    next(node), next(node)
+    state = node.state_dict()
+    assert [r["text"] for r in _drain(_reader(str(path)), state)] == ["after it", long[:100]]
+
+
 def test_read_jsonl_resumes_mid_file_by_byte_offset_at_every_step(tmp_path):
     _corpus(tmp_path, files=3, per_file=7)
     full = _drain(_reader(f"{tmp_path}/*.jsonl"))
