@@ -435,7 +435,9 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
     a real job uses the tokenizer.json of its model.
 
     Args:
-        files: a glob (``"examples/data/text-sample/*.jsonl"``) or a list of local paths.
+        files: a glob (``"examples/data/text-sample/*.jsonl"``) or a list of local paths, read
+            as ``read_jsonl`` reads them (compressed ones too); records without a string
+            ``field`` are passed over.
         path: where to write the tokenizer.json.
         vocab_size: the vocabulary's size (the 256 byte symbols and the specials included).
         field: the records' text field.
@@ -448,7 +450,9 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
         >>> train_tokenizer("examples/data/text-sample/*.jsonl", "/tmp/tok.json")  # doctest: +SKIP
         '/tmp/tok.json'
     """
-    import json
+    from torchdata.nodes import IterableWrapper
+
+    from conveyor.nodes.read_jsonl import ReadJsonl
 
     tokenizers = _tokenizers()
     paths = sorted(_glob.glob(files)) if isinstance(files, str) else list(files)
@@ -456,13 +460,13 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
         raise ValueError(f"no files to train a tokenizer on: {files!r}")
 
     def texts() -> Iterable[str]:
-        for p in paths:
-            with open(p, encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        text = json.loads(line).get(field)
-                        if isinstance(text, str):
-                            yield text
+        # read as the graph reads them (a byte order mark, blank lines, .gz; a bad line named
+        # file:line): json.loads per line failed on what read_jsonl takes, naming no file
+        records = ReadJsonl(IterableWrapper([{"path": p, "index": i} for i, p in enumerate(paths)]), field=None)
+        for record in records:
+            text = record.get(field)
+            if isinstance(text, str):
+                yield text
 
     byte_level = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())

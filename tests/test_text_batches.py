@@ -233,6 +233,23 @@ def test_hf_tokenize_keeps_every_id_of_a_tokenizer_saved_with_truncation_unless_
     assert list(hf_tokenize([{"text": "short"}], tokenizer=path)[0]["input_ids"]) == tok.encode("short").ids  # unpadded
 
 
+def test_train_tokenizer_reads_a_corpus_as_read_jsonl_does(tmp_path):
+    import gzip
+
+    pytest.importorskip("tokenizers")
+    docs = _docstrings()
+    lines = [json.dumps({"text": t}) for t in docs[:200]]
+    # Windows-written: a byte order mark and CRLF; a blank line; a record without text; gzipped
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines[:100] + ["", '{"id": 3}']).encode() + b"\r\n")
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress("\n".join(lines[100:]).encode()))
+    path = train_tokenizer([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl.gz")], str(tmp_path / "tok.json"),
+                           vocab_size=600)  # was "Unexpected UTF-8 BOM", naming no file
+    assert len(hf_tokenize({"text": docs[0]}, tokenizer=path)["input_ids"]) < len(docs[0].encode())
+    (tmp_path / "c.jsonl").write_text('{"text": "fine"}\n{"text": "cut sho\n')
+    with pytest.raises(SampleError, match=r"c\.jsonl:2: not JSON"):
+        train_tokenizer([str(tmp_path / "c.jsonl")], str(tmp_path / "tok2.json"))
+
+
 def test_text_spec_with_hf_tokenize_runs_and_resumes(tmp_path, tokenizer_json):
     shipped = SPEC.read_text(encoding="utf-8")
     byte_node = 'fn: "conveyor.text:byte_tokenize"\n    args: {max_length: "${max_length}", dtype: uint8}'
