@@ -239,6 +239,23 @@ def test_a_truncated_or_corrupt_compressed_file_names_the_file_and_line_or_skips
         _drain(_reader(str(tmp_path / "bad.jsonl.gz")))  # was a bare BadGzipFile
 
 
+def test_a_zip_of_several_files_is_an_error_not_its_first_file(tmp_path):
+    import zipfile
+
+    data = _prose_jsonl(1)
+    with zipfile.ZipFile(tmp_path / "corpus.jsonl.zip", "w") as z:
+        z.writestr("corpus/", "")
+        z.writestr("corpus/part-0.jsonl", data)
+        z.writestr("corpus/part-1.jsonl", data)
+    with pytest.raises(SampleError, match=r"corpus\.jsonl\.zip is a zip archive of 2 files \(corpus/part-0\.jsonl, "
+                                          r"corpus/part-1\.jsonl\); .* unzip it"):
+        _drain(_reader(str(tmp_path / "corpus.jsonl.zip")))  # was part-0's records only, without a word
+    with zipfile.ZipFile(tmp_path / "one.jsonl.zip", "w") as z:
+        z.writestr("corpus/", "")  # a folder entry is not a file
+        z.writestr("corpus/part-0.jsonl", data)
+    assert len(_drain(_reader(str(tmp_path / "one.jsonl.zip")))) == data.count(b"\n")
+
+
 def test_a_compression_the_name_hides_or_that_needs_a_package_is_named(tmp_path):
     from fsspec.utils import infer_compression
 

@@ -18,7 +18,8 @@ mark starting a file (Windows tools write one) is not part of its first line.
 
 Files ending in ``.gz``, ``.bz2``, ``.xz``, ``.zip`` (and ``.zst`` or ``.lz4`` where the
 ``zstandard`` or ``lz4`` package is installed) are decompressed on the fly (fsspec's
-``compression="infer"``); offsets then count decompressed bytes. A file whose name asks for a
+``compression="infer"``); offsets then count decompressed bytes. A ``.zip`` must hold one file
+(folder entries aside): an archive of several is an error. A file whose name asks for a
 codec that is not installed, or whose first bytes are a compressed stream that its name does not
 announce, is an error naming it (read as text, either was a screen of bad lines), and so is a
 file that cannot be read to its end (a truncated or corrupt ``.gz``, a failed read): it names the
@@ -220,7 +221,10 @@ class ReadJsonl(BaseNode[dict]):
         if problem:
             raise self._error(f"read_jsonl: cannot read {path}: {problem}")
         try:
-            self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
+            if infer_compression(path) == "zip":
+                self._fh = self._open_zip(path)
+            else:
+                self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
             if offset:
                 self._fh.seek(offset)
         except _READ_ERRORS as exc:
@@ -234,6 +238,39 @@ class ReadJsonl(BaseNode[dict]):
         self._base = int(record.get("index", 0)) << LINE_BITS
         self._label = record.get("label", -1)
         self.files += count
+
+    def _open_zip(self, path: str) -> Any:
+        """The one file in the zip archive at ``path``, open. fsspec reads the first entry of a
+        .zip, and nothing after it: of several files, the first only; of a folder entry and
+        its file (``zip -r`` puts the folder first), nothing."""
+        import zipfile
+
+        raw = fsspec.open(path, "rb", **(self.storage_options or {})).open()
+        try:
+            archive = zipfile.ZipFile(raw)
+        except zipfile.BadZipFile as exc:
+            raw.close()
+            raise self._error(f"read_jsonl: cannot read {path}: not a zip archive ({exc})") from None
+        names = [i.filename for i in archive.infolist() if not i.is_dir()]
+        if len(names) != 1:
+            archive.close()
+            raw.close()
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            raise self._error(f"read_jsonl: {path} is a zip archive of {len(names)} files"
+                              + (f" ({shown})" if names else "") + "; a .zip is read as one compressed "
+                              "file, so unzip it and list its files")
+        member = archive.open(names[0])
+        close = member.close
+
+        def close_all() -> None:
+            try:
+                close()
+            finally:
+                archive.close()
+                raw.close()
+
+        member.close = close_all  # type: ignore[method-assign]
+        return member
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
