@@ -256,6 +256,22 @@ def test_a_zip_of_several_files_is_an_error_not_its_first_file(tmp_path):
     assert len(_drain(_reader(str(tmp_path / "one.jsonl.zip")))) == data.count(b"\n")
 
 
+def test_a_tar_archive_of_jsonl_files_is_named_not_read_as_lines(tmp_path):
+    import io
+    import tarfile
+
+    data = _prose_jsonl(1)
+    for name, mode in (("corpus.tar.gz", "w:gz"), ("corpus.tar", "w")):
+        with tarfile.open(tmp_path / name, mode) as tar:
+            for part in ("part-0.jsonl", "part-1.jsonl"):
+                info = tarfile.TarInfo(part)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        for on_error in ("raise", "skip"):  # skip gave most records and a few bad lines per member
+            with pytest.raises(SampleError, match=rf"{name.replace('.', '[.]')}: it is a tar archive"):
+                _drain(_reader(str(tmp_path / name), on_error=on_error))
+
+
 def test_a_compression_the_name_hides_or_that_needs_a_package_is_named(tmp_path):
     from fsspec.utils import infer_compression
 

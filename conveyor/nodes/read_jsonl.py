@@ -21,7 +21,8 @@ Files ending in ``.gz``, ``.bz2``, ``.xz``, ``.zip`` (and ``.zst`` or ``.lz4`` w
 ``compression="infer"``); offsets then count decompressed bytes. A ``.zip`` must hold one file
 (folder entries aside): an archive of several is an error. A file whose name asks for a
 codec that is not installed, or whose first bytes are a compressed stream that its name does not
-announce, is an error naming it (read as text, either was a screen of bad lines), and so is a
+announce, or that is a tar archive (``.tar.gz``) is an error naming it (read as text, each was
+a screen of bad lines, or some records and some bad lines), and so is a
 file that cannot be read to its end (a truncated or corrupt ``.gz``, a failed read): it names the
 file and the last line read, or with ``on_error="skip"`` the rest of the file is skipped and
 counted.
@@ -196,7 +197,7 @@ class ReadJsonl(BaseNode[dict]):
         self._path = ""                # the open file's path
         self._base = 0                 # the open file's index << LINE_BITS
         self._label = -1               # the open file's label
-        self._sniff = False            # the next block is a raw file's first: check its first bytes
+        self._sniff = False            # the next block is a file's first: check its first bytes
         self._fast = format == "jsonl" and _fast_loads is not None  # parse with orjson first
         self._utf8 = encoding.lower().replace("_", "-") in ("utf-8", "utf8")  # orjson takes the bytes
 
@@ -231,7 +232,7 @@ class ReadJsonl(BaseNode[dict]):
             self.close()
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
             raise self._error(f"read_jsonl: cannot open {path}: {why}") from exc
-        self._sniff = not offset and infer_compression(path) is None  # (_block: a stream its name hides?)
+        self._sniff = not offset  # (_block: a compressed stream its name hides? a tar archive?)
         self._file = record
         self._offset = offset
         self._path = path
@@ -301,9 +302,12 @@ class ReadJsonl(BaseNode[dict]):
             self._unreadable(exc)
             self._tail = []  # the start of a line the file ends in the middle of: skipped with the rest
             return False
-        if self._sniff:  # the first block of a raw file (no seek: an HTTP stream cannot)
+        if self._sniff:  # the first block of a file (no seek: an HTTP stream cannot)
             self._sniff = False
             problem = compression_problem(self._path, data[:8])
+            if problem is None and data[257:262] == b"ustar":  # a POSIX tar header's magic
+                problem = ("it is a tar archive, whose headers and padding would be read as lines "
+                           "of its files; extract its files and list them")
             if problem:
                 self.close()
                 raise self._error(f"read_jsonl: cannot read {self._path}: {problem}")
