@@ -261,8 +261,8 @@ def test_a_tar_archive_of_jsonl_files_is_named_not_read_as_lines(tmp_path):
     import tarfile
 
     data = _prose_jsonl(1)
-    for name, mode in (("corpus.tar.gz", "w:gz"), ("corpus.tar", "w")):
-        with tarfile.open(tmp_path / name, mode) as tar:
+    for name, mode, form in (("corpus.tar.gz", "w:gz", tarfile.PAX_FORMAT), ("corpus.tar", "w", tarfile.GNU_FORMAT)):
+        with tarfile.open(tmp_path / name, mode, format=form) as tar:
             for part in ("part-0.jsonl", "part-1.jsonl"):
                 info = tarfile.TarInfo(part)
                 info.size = len(data)
@@ -270,6 +270,9 @@ def test_a_tar_archive_of_jsonl_files_is_named_not_read_as_lines(tmp_path):
         for on_error in ("raise", "skip"):  # skip gave most records and a few bad lines per member
             with pytest.raises(SampleError, match=rf"{name.replace('.', '[.]')}: it is a tar archive"):
                 _drain(_reader(str(tmp_path / name), on_error=on_error))
+    text = tmp_path / "gustar.txt"  # the word at the magic's place is text, not a tar header
+    text.write_text("x" * 256 + "gustar mucho\n")
+    assert _drain(_reader(str(text), format="lines"))[0]["text"].endswith("gustar mucho")
 
 
 def test_a_compression_the_name_hides_or_that_needs_a_package_is_named(tmp_path):

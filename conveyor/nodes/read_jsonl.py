@@ -305,7 +305,8 @@ class ReadJsonl(BaseNode[dict]):
         if self._sniff:  # the first block of a file (no seek: an HTTP stream cannot)
             self._sniff = False
             problem = compression_problem(self._path, data[:8])
-            if problem is None and data[257:262] == b"ustar":  # a POSIX tar header's magic
+            # a tar header's magic, POSIX or GNU (with a NUL no line of text holds)
+            if problem is None and (data[257:263] == b"ustar\x00" or data[257:265] == b"ustar  \x00"):
                 problem = ("it is a tar archive, whose headers and padding would be read as lines "
                            "of its files; extract its files and list them")
             if problem:
