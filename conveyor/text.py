@@ -2,7 +2,7 @@
 
 Each takes a record (a dict such as ``read_jsonl`` yields, or a bare string) and returns
 ``{"input_ids": 1-D int64 tensor (or ``dtype``'s), ...}`` carrying the record's ``index``, ``label``,
-``file`` and ``line`` when it has them, ready for ``bucket_batch`` (``length: input_ids``)
+``file`` and ``line`` (or ``row``, read_parquet's) when it has them, ready for ``bucket_batch`` (``length: input_ids``)
 and ``pad_collate``. Any user function that returns ids as a list, a 1-D tensor or a 1-D numpy
 array in a field works the same way.
 
@@ -49,7 +49,7 @@ from conveyor.errors import SampleError
 
 BOS_ID = 256
 EOS_ID = 257
-CARRIED = ("index", "label", "file", "line")
+CARRIED = ("index", "label", "file", "line", "row")  # provenance: read_jsonl's line, read_parquet's row
 ID_DTYPES = ("int64", "int32", "int16", "uint8")
 # each dtype with its largest id, made once: np.iinfo on every call was a third of byte_tokenize's time
 _ID_TYPES = {name: (np.dtype(name), int(np.iinfo(name).max)) for name in ID_DTYPES}
@@ -177,7 +177,7 @@ def byte_tokenize(item: Any, *, field: str = "text", max_length: int | None = No
             not the default ``bos_id``/``eos_id``.
 
     Returns:
-        ``{"input_ids": Tensor[n] of dtype, "index", "label", "file", "line"}`` (those the
+        ``{"input_ids": Tensor[n] of dtype, "index", "label", "file", "line", "row"}`` (those the
         item has); for a list, a list of such dicts whose ids are numpy arrays of dtype.
 
     Example:
@@ -388,7 +388,7 @@ def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: i
             vocabulary's largest id (``int32`` holds any real one).
 
     Returns:
-        ``{"input_ids": Tensor[n] of dtype, "index", "label", "file", "line"}`` (those the
+        ``{"input_ids": Tensor[n] of dtype, "index", "label", "file", "line", "row"}`` (those the
         item has); for a list, a list of such dicts whose ids are numpy arrays of dtype.
 
     Example:
