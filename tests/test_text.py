@@ -95,6 +95,7 @@ def test_read_jsonl_from_fsspec_url_and_gzip(tmp_path):
     ("not json", "not JSON"),
     ("[1, 2]", "expected a JSON object, got list"),
     ('{"other": 1}', "no field 'text'"),
+    ('{"content": "Return the length", "id": 7}', r"no field 'text' \(it has: content, id; the field param "),
     ('{"text": "   "}', "field 'text' is empty"),
     ('{"text": 5}', "field 'text' is int"),
     ('{"text": null}', "field 'text' is null"),  # it said "no field 'text'", which it has

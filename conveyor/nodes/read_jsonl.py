@@ -110,6 +110,12 @@ def compression_problem(path: str, head: bytes | None = None) -> str | None:
     return None
 
 
+def _fields(record: dict, most: int = 8) -> str:
+    """A record's field names, for an error: the first ``most`` of them."""
+    names = [str(k) for k in record]
+    return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "") if names else "none"
+
+
 def encoding_problem(encoding: Any) -> str | None:
     """Why files in ``encoding`` cannot be read line by line here, or ``None``. Lines are cut at
     the byte ``\\n``, so the encoding must be one Python knows that writes ASCII as ASCII (UTF-8,
@@ -454,7 +460,8 @@ class ReadJsonl(BaseNode[dict]):
         if self.field is not None:
             value = record.get(self.field)
             if value is None:
-                self._bad(f"field {self.field!r} is null" if self.field in record else f"no field {self.field!r}")
+                self._bad(f"field {self.field!r} is null" if self.field in record else
+                          f"no field {self.field!r} (it has: {_fields(record)}; the field param names it)")
                 return None
             if not isinstance(value, str):
                 self._bad(f"field {self.field!r} is {type(value).__name__}, expected a string")
