@@ -364,10 +364,21 @@ def _hf_check_args(args: dict[str, Any]) -> list[tuple[str, str]]:
     except (ValueError, ImportError) as exc:
         return [("tokenizer", str(exc))]
     try:
+        _hf_specials(tok, max_length, args.get("add_special_tokens", True))
+    except ValueError as exc:
+        return [("max_length", str(exc))]
+    try:
         _hf_dtype(tok, args.get("dtype", "int64"))
     except ValueError as exc:
         return [("dtype", str(exc))]
     return []
+
+
+def _hf_specials(tok: Any, max_length: int | None, add_special_tokens: Any) -> None:
+    """``max_length`` must leave room past the special tokens the tokenizer adds: where it does
+    not, tokenizers does not truncate at all (max_length 1 with [CLS] and [SEP] kept every id)."""
+    if max_length is not None and add_special_tokens:
+        _check_max_length(max_length, tok.num_special_tokens_to_add(False))
 
 
 def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: int | None = None,
@@ -397,6 +408,7 @@ def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: i
     """
     _check_max_length(max_length, 0)
     tok = load_tokenizer(str(tokenizer), max_length)
+    _hf_specials(tok, max_length, add_special_tokens)
     dt = _hf_dtype(tok, dtype)
     if not isinstance(item, list):
         text = _text(item, field)

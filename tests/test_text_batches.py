@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -204,9 +205,9 @@ def _docstrings() -> list[str]:
     return [d for d in dict.fromkeys(docs) if d]
 
 
-def test_hf_tokenize_keeps_every_id_of_a_tokenizer_saved_with_truncation_unless_asked(tmp_path):
+def _bert_like(docs: list[str]) -> Any:
+    """A WordPiece tokenizer trained on ``docs`` that adds [CLS] and [SEP], as BERT's does."""
     tokenizers = pytest.importorskip("tokenizers")
-    docs = _docstrings()
     tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
@@ -214,6 +215,12 @@ def test_hf_tokenize_keeps_every_id_of_a_tokenizer_saved_with_truncation_unless_
         vocab_size=2000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"], show_progress=False))
     tok.post_processor = tokenizers.processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return tok
+
+
+def test_hf_tokenize_keeps_every_id_of_a_tokenizer_saved_with_truncation_unless_asked(tmp_path):
+    docs = _docstrings()
+    tok = _bert_like(docs)
     tok.enable_truncation(64)  # as a tokenizer.json saved after a fine-tuning run often is
     tok.enable_padding(length=64)
     path = str(tmp_path / "bert.json")
@@ -231,6 +238,27 @@ def test_hf_tokenize_keeps_every_id_of_a_tokenizer_saved_with_truncation_unless_
         ids = (cut if isinstance(cut, dict) else cut[0])["input_ids"]
         assert list(ids) == full[:15] + [3]  # [CLS] ... [SEP]: the specials kept
     assert list(hf_tokenize([{"text": "short"}], tokenizer=path)[0]["input_ids"]) == tok.encode("short").ids  # unpadded
+
+
+def test_a_max_length_without_room_past_the_special_tokens_is_refused(tmp_path, write_spec):
+    docs = _docstrings()
+    path = str(tmp_path / "bert.json")
+    _bert_like(docs).save(path)
+    for m in (1, 2):  # 1 kept every id of the text (tokenizers did not truncate), 2 kept [CLS] [SEP] only
+        with pytest.raises(ValueError, match=rf"max_length={m} must be an int > 2 \(the special tokens"):
+            hf_tokenize({"text": docs[0]}, tokenizer=path, max_length=m)
+    assert len(hf_tokenize({"text": docs[0]}, tokenizer=path, max_length=1, add_special_tokens=False)["input_ids"]) == 1
+    assert len(hf_tokenize({"text": docs[0]}, tokenizer=path, max_length=3)["input_ids"]) == 3
+    spec = write_spec(f"""
+nodes:
+  files: {{op: list_files, url: "{SAMPLE}/*.jsonl"}}
+  read: {{op: read_jsonl}}
+  tok: {{op: map, fn: "conveyor.text:hf_tokenize", args: {{tokenizer: "{path}", max_length: 1}}}}
+""")
+    with pytest.raises(SpecErrors) as info:
+        check_spec(spec)
+    (err,) = info.value.errors
+    assert (err.node, err.param) == ("tok", "args") and "max_length=1 must be an int > 2" in err.message
 
 
 def test_train_tokenizer_reads_a_corpus_as_read_jsonl_does(tmp_path):
