@@ -464,6 +464,22 @@ def test_a_sequence_field_left_out_of_fields_is_named_with_its_samples(tmp_path)
     assert batch["labels"].tolist() == batch["input_ids"].tolist()
 
 
+def test_a_pad_value_the_narrow_ids_cannot_hold_names_the_field_and_the_dtype_to_give():
+    texts = ["Return the absolute value of the argument.", "שלום", "👨‍👩‍👧"]
+    samples = [{**s, "labels": s["input_ids"].copy()} for s in byte_tokenize(texts, dtype="uint8")]
+    pad_value = {"input_ids": 0, "labels": -100}  # the loss's ignore_index
+    for batch in (samples, [{k: torch.from_numpy(v) for k, v in s.items()} for s in samples]):
+        node = PadCollate(IterableWrapper([batch]), fields=["input_ids", "labels"], pad_value=pad_value)
+        with pytest.raises(ValueError, match=r"field 'labels': pad value -100 does not fit its dtype uint8 "
+                                             r"\(the samples'\); .*dtype: int64") as err:
+            next(node)  # was numpy's bare "Python integer -100 out of bounds for uint8"
+        assert "in pad_collate" in err.value.__notes__
+        out, _, _ = pad_collate(batch, fields=["input_ids", "labels"], pad_value=pad_value, dtype=torch.int64)
+        assert out["labels"][1].tolist() == list("שלום".encode()) + [-100] * (len(texts[0]) - 8)
+    with pytest.raises(ValueError, match=r"pad value 0.5 does not fit its dtype int64"):
+        pad_collate([[1, 2], [3]], pad_value=0.5)  # was padded with 0, silently
+
+
 def test_pad_collate_several_fields_tuples_and_bare_sequences():
     samples = [{"a": [1, 2], "b": torch.tensor([1.5]), "y": 0}, {"a": [3], "b": torch.tensor([2.5, 3.5]), "y": 1}]
     batch, _, _ = pad_collate(samples, pad_value={"a": -1, "b": 0.0})

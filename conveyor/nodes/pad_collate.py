@@ -86,6 +86,20 @@ def _as_tensor(value: Any, name: Any) -> torch.Tensor:
     raise ValueError(f"field {name!r}: expected a tensor or a list of numbers to pad, got {type(value).__name__}")
 
 
+def _check_pad(name: Any, pad_value: float, dtype: Any) -> None:
+    """Raise unless ``pad_value`` fits ``dtype`` (numpy's or torch's), the padded field's: ids that
+    travel narrow (``uint8`` bytes) cannot hold a pad value such as -100, and numpy's refusal
+    named neither the field nor the way out."""
+    np_dtype = _NUMPY.get(dtype) if isinstance(dtype, torch.dtype) else np.dtype(dtype)
+    if np_dtype is None or np_dtype.kind not in "biu":  # floats, and what numpy lacks (bfloat16): any
+        return
+    low, high = (0, 1) if np_dtype.kind == "b" else (int(np.iinfo(np_dtype).min), int(np.iinfo(np_dtype).max))
+    if pad_value != int(pad_value) or not low <= pad_value <= high:
+        raise ValueError(f"field {name!r}: pad value {pad_value!r} does not fit its dtype "
+                         f"{str(dtype).removeprefix('torch.')} (the samples'); give pad_collate a dtype "
+                         "that holds it (dtype: int64 widens ids as they are padded)")
+
+
 def _rows(seqs: list[torch.Tensor], longest: int, pad_value: float, side: str) -> torch.Tensor:
     """``seqs`` (same dtype and trailing dims) as rows of one ``[B, longest, ...]`` tensor.
 
@@ -138,6 +152,8 @@ def pad_field(values: Sequence[Any], *, name: Any = "?", pad_value: float = 0, s
     longest = max(counts)
     if multiple and longest % multiple:
         longest += multiple - longest % multiple
+    if pad_value != 0:
+        _check_pad(name, pad_value, common)
     padded = _rows(seqs, longest, pad_value, side)
     return (padded,) + _lengths_mask(counts, longest, side)
 
@@ -181,6 +197,8 @@ def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side:
     else:
         mask = positions >= (longest - sizes)[:, None]
     shape = (len(counts), longest, *flat.shape[1:])
+    if pad_value != 0:
+        _check_pad(name, pad_value, out_dtype)
     out = np.zeros(shape, out_dtype) if pad_value == 0 else np.full(shape, pad_value, dtype=out_dtype)
     out[mask] = flat
     return torch.from_numpy(out), torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64))
