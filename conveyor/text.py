@@ -251,9 +251,12 @@ def load_vocab(path: str) -> dict[str, int]:
     """The vocabulary at ``path`` (local or any fsspec URL) as token -> id, read once per path.
 
     One token per line; the id is the 0-based line number. A token given twice keeps its first id.
+    CRLF line ends and a leading UTF-8 byte order mark, as Windows tools write them, are not part
+    of any token.
     """
     with fsspec.open(path, "r", encoding="utf-8") as f:
-        lines = [ln.rstrip("\r") for ln in f.read().split("\n")]  # not splitlines: \x85, \u2028 are tokens
+        text = f.read().removeprefix("\ufeff")  # a byte order mark (Windows tools) is not part of token 0
+        lines = [ln.rstrip("\r") for ln in text.split("\n")]  # not splitlines: \x85, \u2028 are tokens
     vocab: dict[str, int] = {}
     for i, tok in enumerate(lines):
         if tok and tok not in vocab:

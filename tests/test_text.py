@@ -369,6 +369,14 @@ def test_vocab_tokenize_and_cache(tmp_path):
     assert len(load_vocab(str(SAMPLE / "vocab.txt"))) > 1000
 
 
+def test_a_vocabulary_saved_by_a_windows_tool_keeps_its_first_token(tmp_path):
+    vocab = tmp_path / "vocab-bom.txt"
+    vocab.write_bytes("\ufeff<unk>\r\nthe\r\nвремя\r\n".encode())  # Notepad's UTF-8: a BOM, CRLF
+    assert load_vocab(str(vocab)) == {"<unk>": 0, "the": 1, "время": 2}
+    # was "unk='<unk>' is not in the vocabulary": token 0 was '\ufeff<unk>'
+    assert vocab_tokenize("the время x", vocab=str(vocab))["input_ids"].tolist() == [1, 2, 0]
+
+
 def test_vocab_tokenize_takes_the_lists_of_a_batch_map(tmp_path, write_spec):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("<pad>\n<unk>\nthe\ncat\nsat\n")
