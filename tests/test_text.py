@@ -276,6 +276,16 @@ def test_a_tar_archive_of_jsonl_files_is_named_not_read_as_lines(tmp_path):
     assert _drain(_reader(str(text), format="lines"))[0]["text"].endswith("gustar mucho")
 
 
+def test_utf16_text_is_named_not_read_as_a_screen_of_bad_lines(tmp_path):
+    text = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\r\n" for t in _prose()[-11:])
+    (tmp_path / "ps.jsonl").write_bytes(b"\xff\xfe" + text.encode("utf-16-le"))  # PowerShell 5: cmd > ps.jsonl
+    (tmp_path / "be.txt").write_bytes(text.encode("utf-16"))  # (big or little endian, its mark first)
+    for name, fmt in (("ps.jsonl", "jsonl"), ("be.txt", "lines")):
+        for on_error in ("raise", "skip"):  # skip skipped every line as "not utf-8 text"
+            with pytest.raises(SampleError, match=rf"{name.replace('.', '[.]')}: it is UTF-16 text .* convert it to UTF-8"):
+                _drain(_reader(str(tmp_path / name), format=fmt, on_error=on_error))
+
+
 def test_a_compression_the_name_hides_or_that_needs_a_package_is_named(tmp_path):
     from fsspec.utils import infer_compression
 

@@ -21,8 +21,9 @@ Files ending in ``.gz``, ``.bz2``, ``.xz``, ``.zip`` (and ``.zst`` or ``.lz4`` w
 ``compression="infer"``); offsets then count decompressed bytes. A ``.zip`` must hold one file
 (folder entries aside): an archive of several is an error. A file whose name asks for a
 codec that is not installed, or whose first bytes are a compressed stream that its name does not
-announce, or that is a tar archive (``.tar.gz``) is an error naming it (read as text, each was
-a screen of bad lines, or some records and some bad lines), and so is a
+announce, that is a tar archive (``.tar.gz``), or that is UTF-16 text (a byte order mark says so)
+is an error naming it (read as text, each was a screen of bad lines, or some records and some
+bad lines), and so is a
 file that cannot be read to its end (a truncated or corrupt ``.gz``, a failed read): it names the
 file and the last line read, or with ``on_error="skip"`` the rest of the file is skipped and
 counted.
@@ -205,7 +206,7 @@ class ReadJsonl(BaseNode[dict]):
         self._label = -1               # the open file's label
         self._sniff = False            # the next block is a file's first: check its first bytes
         self._fast = format == "jsonl" and _fast_loads is not None  # parse with orjson first
-        self._utf8 = encoding.lower().replace("_", "-") in ("utf-8", "utf8")  # orjson takes the bytes
+        self._utf8 = codecs.lookup(encoding).name == "utf-8"  # orjson takes the bytes
 
     # ----- stats and closing --------------------------------------------------------------
     def stats(self) -> dict[str, int]:
@@ -315,6 +316,10 @@ class ReadJsonl(BaseNode[dict]):
             if problem is None and (data[257:263] == b"ustar\x00" or data[257:265] == b"ustar  \x00"):
                 problem = ("it is a tar archive, whose headers and padding would be read as lines "
                            "of its files; extract its files and list them")
+            # UTF-16's byte order mark (PowerShell 5's > writes it), never the start of UTF-8 text
+            if problem is None and self._utf8 and data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+                problem = ("it is UTF-16 text (it starts with UTF-16's byte order mark), whose lines cannot be "
+                           "cut at the newline byte; convert it to UTF-8")
             if problem:
                 self.close()
                 raise self._error(f"read_jsonl: cannot read {self._path}: {problem}")
