@@ -282,7 +282,7 @@ def test_utf16_text_is_named_not_read_as_a_screen_of_bad_lines(tmp_path):
     (tmp_path / "be.txt").write_bytes(text.encode("utf-16"))  # (big or little endian, its mark first)
     for name, fmt in (("ps.jsonl", "jsonl"), ("be.txt", "lines")):
         for on_error in ("raise", "skip"):  # skip skipped every line as "not utf-8 text"
-            with pytest.raises(SampleError, match=rf"{name.replace('.', '[.]')}: it is UTF-16 text .* convert it to UTF-8"):
+            with pytest.raises(SampleError, match=rf"{name.replace('.', '[.]')}: it is UTF-16 text .* to UTF-8"):
                 _drain(_reader(str(tmp_path / name), format=fmt, on_error=on_error))
 
 

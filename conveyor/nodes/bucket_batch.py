@@ -24,8 +24,9 @@ Items longer than the last boundary follow ``overflow``: ``raise`` (``SampleErro
 item's file and line), ``skip`` (counted), ``truncate`` (the ``length`` field cut to the last
 boundary, and with it every other sequence field of the same length, such as ``labels`` or
 ``attention_mask``, so they stay aligned), or ``own_bucket`` (one more bucket without an upper
-bound). ``boundaries="auto"`` takes length quantiles of the first ``auto_sample`` items of the first epoch (logged at INFO,
-shown in ``stats()``, kept in the state so a resumed run uses the same).
+bound). ``boundaries="auto"`` takes length quantiles of the first ``auto_sample`` items of the
+first epoch (logged at INFO, shown in ``stats()``, kept in the state so a resumed run uses the
+same).
 
 State, without the items. Within a bucket, pools are emitted in the order they filled, and
 the input is only read when no batch is waiting, so at any time the items of bucket ``b``
