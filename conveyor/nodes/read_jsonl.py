@@ -19,14 +19,12 @@ mark starting a file (Windows tools write one) is not part of its first line.
 Files ending in ``.gz``, ``.bz2``, ``.xz``, ``.zip`` (and ``.zst`` or ``.lz4`` where the
 ``zstandard`` or ``lz4`` package is installed) are decompressed on the fly (fsspec's
 ``compression="infer"``); offsets then count decompressed bytes. A ``.zip`` must hold one file
-(folder entries aside): an archive of several is an error. A file whose name asks for a
-codec that is not installed, or whose first bytes are a compressed stream that its name does not
-announce, that is a tar archive (``.tar.gz``), or that is UTF-16 text (a byte order mark says so)
-is an error naming it (read as text, each was a screen of bad lines, or some records and some
-bad lines), and so is a
-file that cannot be read to its end (a truncated or corrupt ``.gz``, a failed read): it names the
-file and the last line read, or with ``on_error="skip"`` the rest of the file is skipped and
-counted.
+(folder entries aside): an archive of several is an error. So is a file whose name asks for a
+codec that is not installed, whose first bytes are a compressed stream its name does not
+announce, that is a tar archive (``.tar.gz``), or that is UTF-16 text (its byte order mark says
+so): read as text, each was a screen of bad lines, or records mixed with bad lines. A file that
+cannot be read to its end (a truncated or corrupt ``.gz``, a failed read) is an error naming it
+and the last line read, or with ``on_error="skip"`` the rest of the file is skipped and counted.
 
 The state is the input's state before the current file, whether a file is open, and the
 byte offset and line number in it. A restore re-reads that one file record from the input,
