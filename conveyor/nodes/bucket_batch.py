@@ -7,8 +7,8 @@ as fit a token budget ``max_tokens`` (batch size x padded length <= budget, the 
 rounded up to ``pad_to_multiple_of``: in a spec, a multiple of that of the ``pad_collate`` after
 it, or its batches would exceed the budget) — and those batches are emitted in an order
 shuffled by (seed, epoch, rank, pool number). At the end of the epoch every partial pool is cut
-the same way and all their batches are emitted together in one shuffled order (so the epoch does not
-end in length order); ``drop_remainder`` drops each bucket's last batch there when it is not
+the same way and all their batches are emitted together in one shuffled order (so the epoch
+does not end in length order); ``drop_remainder`` drops each bucket's last batch there when it is not
 full — fewer than its batch size, or room left for one more item of its longest length under
 the budget — and counts the items in ``stats()["dropped"]``. An item alone over the budget
 becomes a batch of one (counted in ``stats()["oversize"]``).
