@@ -63,6 +63,7 @@ from bisect import bisect_left
 from operator import itemgetter
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
@@ -92,7 +93,7 @@ def _where(item: Any) -> str:
 
 def _seq_len(value: Any) -> int | None:
     """The first-dim length of a sequence field (tensor, numpy array, list), else None."""
-    if isinstance(value, torch.Tensor) or hasattr(value, "__array_interface__"):
+    if isinstance(value, (torch.Tensor, np.ndarray)):
         return value.shape[0] if value.ndim else None
     return len(value) if isinstance(value, (list, tuple)) else None
 
