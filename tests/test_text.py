@@ -612,6 +612,39 @@ def test_too_long_sequence_names_file_and_line(tmp_path):
     assert sorted(len(x["input_ids"]) for b in _drain(node) for x in b) == [2, 5, 10]
 
 
+def test_documents_overflow_skip_leaves_out_are_named_logged_and_resumed(tmp_path, write_spec, caplog):
+    docs = _prose()
+    long = sorted(i for i, t in enumerate(docs) if len(t.encode()) > 1024)
+    assert 3 <= len(long) < len(docs) // 2
+    _write_jsonl(tmp_path / "docs.jsonl", docs)
+    spec = write_spec(f"""
+nodes:
+  files: {{op: list_files, url: "{tmp_path}/*.jsonl"}}
+  read:  {{op: read_jsonl}}
+  tok:   {{op: map, fn: "conveyor.text:byte_tokenize", batch: 64}}
+  batch: {{op: bucket_batch, boundaries: [256, 1024], max_tokens: 4096, overflow: skip, pool: 2}}
+  pad:   {{op: pad_collate}}
+""")
+    with caplog.at_level("WARNING"), load_graph(spec) as loader:
+        seen = []
+        for i, batch in enumerate(loader):
+            seen += batch["line"].tolist()
+            if i == 3:
+                state = loader.state_dict()
+        skipped = loader.skipped()
+    # they were counted in stats()["overflow"] only: not logged, not in the ledger of skips
+    assert sorted(seen + [i + 1 for i in long]) == list(range(1, len(docs) + 1))
+    assert skipped["count"] == len(long)
+    assert sorted(e["sample"] for e in skipped["entries"]) == sorted(f"{tmp_path}/docs.jsonl:{i + 1}" for i in long)
+    assert all(e["node"] == "batch" and "over the last boundary 1024 (overflow: skip)" in e["message"]
+               for e in skipped["entries"])
+    assert f"docs.jsonl:{long[0] + 1}: length" in caplog.text
+    with load_graph(spec) as loader:  # a resume replays some of them: they are not named twice
+        loader.load_state_dict(state)
+        list(loader)
+        assert loader.skipped()["count"] == len(long)
+
+
 # ----- specs/text.yaml ----------------------------------------------------------------------
 
 

@@ -21,7 +21,8 @@ together, so neighbours in a batch have closer lengths (less padding), but it ho
 ``benchmarks/padding.py``).
 
 Items longer than the last boundary follow ``overflow``: ``raise`` (``SampleError`` naming the
-item's file and line), ``skip`` (counted), ``truncate`` (the ``length`` field cut to the last
+item's file and line), ``skip`` (counted, the first few logged, each named in the skip ledger
+that ``Loader.skipped()`` reads), ``truncate`` (the ``length`` field cut to the last
 boundary, and with it every other sequence field of the same length, such as ``labels`` or
 ``attention_mask``, so they stay aligned), or ``own_bucket`` (one more bucket without an upper
 bound). ``boundaries="auto"`` takes length quantiles of the first ``auto_sample`` items of the
@@ -70,6 +71,7 @@ from torchdata.nodes import BaseNode
 from conveyor.errors import SampleError, StateError
 from conveyor.nodes._chunks import take
 from conveyor.nodes._rng import derive_seed
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +247,7 @@ class BucketBatch(BaseNode[list]):
         if self.boundaries is not None:
             self._set_boundaries(self.boundaries)
         self._stats = self._zero_stats()
+        self.ledger = SkipLedger()  # the items overflow: skip left out, since the run began
 
     # ----- configuration ------------------------------------------------------------------
     def _set_boundaries(self, bounds: list[int]) -> None:
@@ -354,6 +357,7 @@ class BucketBatch(BaseNode[list]):
         self._clear()
         stats = initial_state[self.STATS_KEY]
         self._stats = {k: (list(v) if isinstance(v, list) else v) for k, v in stats.items()}
+        self.ledger.load(initial_state.get(LEDGER_KEY))  # as saved: the replay does not add to it
         self._snaps = [_Snap(0, src, [0] * self.n_buckets)]
         self._done = list(initial_state[self.DONE_KEY])
         self._pools_cut = initial_state[self.POOLS_KEY]
@@ -400,6 +404,7 @@ class BucketBatch(BaseNode[list]):
             self.POOLS_KEY: self._pools_cut,
             self.BOUNDARIES_KEY: list(self.boundaries),  # type: ignore[arg-type]
             self.STATS_KEY: {k: (list(v) if isinstance(v, list) else v) for k, v in self._stats.items()},
+            LEDGER_KEY: self.ledger.state(),
         }
 
     # ----- reading ------------------------------------------------------------------------
@@ -426,6 +431,8 @@ class BucketBatch(BaseNode[list]):
                                   f"{bounds[-1]}; set overflow: own_bucket | truncate | skip, add a "  # type: ignore[index]
                                   "boundary, or truncate earlier (the tokenizer's max_length)")
             if self.overflow == "skip":
+                if not self._replaying:
+                    self._skip(item, n)
                 return -1
             if self.overflow == "truncate":
                 item = _truncated(item, self.length, n, bounds[-1])  # type: ignore[arg-type,index]
@@ -442,6 +449,13 @@ class BucketBatch(BaseNode[list]):
         pool.append((n, pos, item))
         self._pool_tokens[b] += n if self._by_tokens and n else 1
         return b
+
+    def _skip(self, item: Any, n: int) -> None:
+        """Name an item ``overflow: skip`` leaves out: in the skip ledger, and logged (the first few)."""
+        sample = sample_id(item)
+        why = f"length {n}, over the last boundary {self.boundaries[-1]} (overflow: skip)"  # type: ignore[index]
+        self.ledger.add(sample, "SampleError", why)
+        log_skip(log, self.ledger.count, f"{self.where}: skipped {sample}: {why}")
 
     def _snapshot(self) -> None:
         """Keep the input's state here, or, while items of a chunk read from it wait to be
