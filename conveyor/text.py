@@ -49,7 +49,8 @@ from conveyor.errors import SampleError
 
 BOS_ID = 256
 EOS_ID = 257
-CARRIED = ("index", "label", "file", "line", "row")  # provenance: read_jsonl's line, read_parquet's row
+CARRIED = ("index", "label", "file", "line")
+ROW = "row"  # read_parquet's provenance in place of read_jsonl's line: carried where there is no line
 ID_DTYPES = ("int64", "int32", "int16", "uint8")
 # each dtype with its largest id, made once: np.iinfo on every call was a third of byte_tokenize's time
 _ID_TYPES = {name: (np.dtype(name), int(np.iinfo(name).max)) for name in ID_DTYPES}
@@ -102,6 +103,8 @@ def _out(item: Any, ids: Any) -> dict[str, Any]:
         for key in CARRIED:
             if key in item:
                 out[key] = item[key]
+        if ROW in item and "line" not in item:
+            out[ROW] = item[ROW]
     return out
 
 
@@ -122,6 +125,9 @@ def _outs(items: list, ids: list) -> list[dict[str, Any]]:
             for item, out in zip(items, outs):
                 if type(item) is dict and key in item:
                     out[key] = item[key]
+        for item, out in zip(items, outs):
+            if type(item) is dict and ROW in item and "line" not in item:
+                out[ROW] = item[ROW]
     elif items:
         return [_out(item, x) for item, x in zip(items, ids)]
     return outs
