@@ -2,7 +2,7 @@
 
 Each takes a record (a dict such as ``read_jsonl`` yields, or a bare string) and returns
 ``{"input_ids": 1-D int64 tensor (or ``dtype``'s), ...}`` carrying the record's ``index``, ``label``,
-``file`` and ``line`` when it has them, ready for ``bucket_batch`` (``length: input_ids``)
+``file`` and ``line`` (or ``row``, read_parquet's) when it has them, ready for ``bucket_batch`` (``length: input_ids``)
 and ``pad_collate``. Any user function that returns ids as a list, a 1-D tensor or a 1-D numpy
 array in a field works the same way.
 
@@ -50,6 +50,7 @@ from conveyor.errors import SampleError
 BOS_ID = 256
 EOS_ID = 257
 CARRIED = ("index", "label", "file", "line")
+ROW = "row"  # read_parquet's provenance in place of read_jsonl's line: carried where there is no line
 ID_DTYPES = ("int64", "int32", "int16", "uint8")
 # each dtype with its largest id, made once: np.iinfo on every call was a third of byte_tokenize's time
 _ID_TYPES = {name: (np.dtype(name), int(np.iinfo(name).max)) for name in ID_DTYPES}
@@ -102,6 +103,8 @@ def _out(item: Any, ids: Any) -> dict[str, Any]:
         for key in CARRIED:
             if key in item:
                 out[key] = item[key]
+        if ROW in item and "line" not in item:
+            out[ROW] = item[ROW]
     return out
 
 
@@ -122,6 +125,9 @@ def _outs(items: list, ids: list) -> list[dict[str, Any]]:
             for item, out in zip(items, outs):
                 if type(item) is dict and key in item:
                     out[key] = item[key]
+        for item, out in zip(items, outs):
+            if type(item) is dict and ROW in item and "line" not in item:
+                out[ROW] = item[ROW]
     elif items:
         return [_out(item, x) for item, x in zip(items, ids)]
     return outs
@@ -177,7 +183,7 @@ def byte_tokenize(item: Any, *, field: str = "text", max_length: int | None = No
             not the default ``bos_id``/``eos_id``.
 
     Returns:
-        ``{"input_ids": Tensor[n] of dtype, "index", "label", "file", "line"}`` (those the
+        ``{"input_ids": Tensor[n] of dtype, "index", "label", "file", "line", "row"}`` (those the
         item has); for a list, a list of such dicts whose ids are numpy arrays of dtype.
 
     Example:
@@ -251,9 +257,12 @@ def load_vocab(path: str) -> dict[str, int]:
     """The vocabulary at ``path`` (local or any fsspec URL) as token -> id, read once per path.
 
     One token per line; the id is the 0-based line number. A token given twice keeps its first id.
+    CRLF line ends and a leading UTF-8 byte order mark, as Windows tools write them, are not part
+    of any token.
     """
     with fsspec.open(path, "r", encoding="utf-8") as f:
-        lines = [ln.rstrip("\r") for ln in f.read().split("\n")]  # not splitlines: \x85, \u2028 are tokens
+        text = f.read().removeprefix("\ufeff")  # a byte order mark (Windows tools) is not part of token 0
+        lines = [ln.rstrip("\r") for ln in text.split("\n")]  # not splitlines: \x85, \u2028 are tokens
     vocab: dict[str, int] = {}
     for i, tok in enumerate(lines):
         if tok and tok not in vocab:
@@ -321,8 +330,9 @@ def _tokenizers() -> Any:
 @functools.lru_cache(maxsize=16)
 def load_tokenizer(path: str, max_length: int | None = None) -> Any:
     """The ``tokenizers.Tokenizer`` saved at ``path`` (local or any fsspec URL), read once per
-    path and process; truncating to ``max_length`` ids (specials included) when given, and
-    never padding (``pad_collate`` pads).
+    path and process; truncating to ``max_length`` ids (specials included) when given and
+    never otherwise, whatever truncation the file was saved with (as transformers' fast
+    tokenizers do unless asked to truncate), and never padding (``pad_collate`` pads).
 
     Raises:
         ValueError: the file cannot be read or is not a tokenizer ``tokenizers`` can load;
@@ -342,6 +352,8 @@ def load_tokenizer(path: str, max_length: int | None = None) -> Any:
     tok.no_padding()
     if max_length is not None:
         tok.enable_truncation(max_length)
+    else:  # a file saved with truncation on would cut every longer text, unasked and uncounted
+        tok.no_truncation()
     return tok
 
 
@@ -361,10 +373,21 @@ def _hf_check_args(args: dict[str, Any]) -> list[tuple[str, str]]:
     except (ValueError, ImportError) as exc:
         return [("tokenizer", str(exc))]
     try:
+        _hf_specials(tok, max_length, args.get("add_special_tokens", True))
+    except ValueError as exc:
+        return [("max_length", str(exc))]
+    try:
         _hf_dtype(tok, args.get("dtype", "int64"))
     except ValueError as exc:
         return [("dtype", str(exc))]
     return []
+
+
+def _hf_specials(tok: Any, max_length: int | None, add_special_tokens: Any) -> None:
+    """``max_length`` must leave room past the special tokens the tokenizer adds: where it does
+    not, tokenizers does not truncate at all (max_length 1 with [CLS] and [SEP] kept every id)."""
+    if max_length is not None and add_special_tokens:
+        _check_max_length(max_length, tok.num_special_tokens_to_add(False))
 
 
 def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: int | None = None,
@@ -378,13 +401,14 @@ def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: i
         item: a record with a text field, or a string; or a list of them.
         tokenizer: path or URL of the ``tokenizer.json``; checked when the spec is checked.
         field: the record's text field.
-        max_length: keep at most this many ids, specials included (the tokenizer truncates).
+        max_length: keep at most this many ids, specials included (the tokenizer truncates);
+            ``None`` keeps all, even where the tokenizer.json was saved with truncation on.
         add_special_tokens: add the tokenizer's special tokens (its post-processor's).
         dtype: the ids' integer type (see the module docstring); it must hold the
             vocabulary's largest id (``int32`` holds any real one).
 
     Returns:
-        ``{"input_ids": Tensor[n] of dtype, "index", "label", "file", "line"}`` (those the
+        ``{"input_ids": Tensor[n] of dtype, "index", "label", "file", "line", "row"}`` (those the
         item has); for a list, a list of such dicts whose ids are numpy arrays of dtype.
 
     Example:
@@ -393,6 +417,7 @@ def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: i
     """
     _check_max_length(max_length, 0)
     tok = load_tokenizer(str(tokenizer), max_length)
+    _hf_specials(tok, max_length, add_special_tokens)
     dt = _hf_dtype(tok, dtype)
     if not isinstance(item, list):
         text = _text(item, field)
@@ -431,7 +456,9 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
     a real job uses the tokenizer.json of its model.
 
     Args:
-        files: a glob (``"examples/data/text-sample/*.jsonl"``) or a list of local paths.
+        files: a glob (``"examples/data/text-sample/*.jsonl"``) or a list of local paths, read
+            as ``read_jsonl`` reads them (compressed ones too); records without a string
+            ``field`` are passed over.
         path: where to write the tokenizer.json.
         vocab_size: the vocabulary's size (the 256 byte symbols and the specials included).
         field: the records' text field.
@@ -444,7 +471,9 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
         >>> train_tokenizer("examples/data/text-sample/*.jsonl", "/tmp/tok.json")  # doctest: +SKIP
         '/tmp/tok.json'
     """
-    import json
+    from torchdata.nodes import IterableWrapper
+
+    from conveyor.nodes.read_jsonl import ReadJsonl
 
     tokenizers = _tokenizers()
     paths = sorted(_glob.glob(files)) if isinstance(files, str) else list(files)
@@ -452,13 +481,13 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
         raise ValueError(f"no files to train a tokenizer on: {files!r}")
 
     def texts() -> Iterable[str]:
-        for p in paths:
-            with open(p, encoding="utf-8") as f:
-                for line in f:
-                    if line.strip():
-                        text = json.loads(line).get(field)
-                        if isinstance(text, str):
-                            yield text
+        # read as the graph reads them (a byte order mark, blank lines, .gz; a bad line named
+        # file:line): json.loads per line failed on what read_jsonl takes, naming no file
+        records = ReadJsonl(IterableWrapper([{"path": p, "index": i} for i, p in enumerate(paths)]), field=None)
+        for record in records:
+            text = record.get(field)
+            if isinstance(text, str):
+                yield text
 
     byte_level = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())

@@ -259,6 +259,29 @@ def test_length_fn_and_truncate_rule():
         BucketBatch(Items([1]), length=len, boundaries=[4], max_tokens=10, overflow="truncate")
 
 
+def test_truncate_cuts_every_field_as_long_as_the_length_field():
+    import numpy as np
+    import torch
+    from torchdata.nodes import IterableWrapper
+
+    from conveyor.nodes.pad_collate import PadCollate
+
+    text = "A long document, far past the last boundary. " * 4
+    items = []
+    for i, t in enumerate(["short", text, "a bit longer"]):
+        ids = torch.tensor(list(t.encode()))
+        items.append({"input_ids": ids, "labels": ids.clone(), "loss_mask": np.ones(len(ids), np.int64),
+                      "token_type_ids": [0] * len(ids), "text": t, "index": i})
+    node = PadCollate(BucketBatch(IterableWrapper(items), boundaries=[16, 32], batch_sizes=[4, 4],
+                                  overflow="truncate"), fields=["input_ids", "labels", "token_type_ids", "loss_mask"])
+    (batch,) = [b for b in node if len(b["index"]) == 1 and b["index"][0] == 1]
+    for key in ("input_ids", "labels", "token_type_ids", "loss_mask"):  # labels stayed 180 long: misaligned
+        assert batch[key].shape == (1, 32), key
+    assert batch["labels"].tolist() == batch["input_ids"].tolist() == [list(text.encode()[:32])]
+    assert batch["text"] == [text]  # a string is not a sequence of positions
+    assert len(items[1]["labels"]) == len(text)  # the input's item is left as it was
+
+
 # ----- the op in a spec: cross-param rules are spec errors, found before anything runs ------
 
 SPEC_HEAD = """\
@@ -294,3 +317,30 @@ def test_spec_errors_name_the_param(write_spec, body, param, message):
     errors = [e for e in info.value.errors if e.node == "batch"]
     assert errors and errors[0].param == param and message in errors[0].message, info.value
     assert errors[0].line == 5
+
+
+@pytest.mark.parametrize("bucket_multiple, between, ok", [
+    (None, "", False),     # the budget assumes the longest, pad_collate pads past it
+    (4, "", False),
+    (8, "", True),
+    (16, "", True),        # a multiple of 8 is padded no further by pad_collate
+    (None, "  out: {op: prefetch, depth: 2}\n", False),
+])
+def test_a_budget_that_assumes_less_padding_than_pad_collate_adds_is_a_spec_error(
+        write_spec, bucket_multiple, between, ok):
+    from conveyor import SpecErrors, check_spec, load_graph
+
+    multiple = "" if bucket_multiple is None else f", pad_to_multiple_of: {bucket_multiple}"
+    spec = write_spec(SPEC_HEAD + "  batch: {op: bucket_batch, boundaries: [64, 256, 1024], max_tokens: 2048, "
+                      f"overflow: truncate{multiple}}}\n" + between + "  pad: {op: pad_collate, pad_to_multiple_of: 8}\n")
+    if ok:
+        check_spec(spec)
+        with load_graph(spec) as loader:
+            for batch in loader:
+                assert batch["input_ids"].numel() <= 2048
+        return
+    with pytest.raises(SpecErrors) as info:
+        check_spec(spec)
+    (err,) = info.value.errors  # batches over max_tokens, without a word, was what ran
+    assert (err.node, err.param, err.line) == ("batch", "pad_to_multiple_of", 5)
+    assert "'pad' (pad_collate) pads to a multiple of 8" in err.message and "set pad_to_multiple_of: 8" in err.message

@@ -121,6 +121,29 @@ nodes:
         list(loader)
 
 
+@pytest.mark.parametrize("batch", [None, 4])
+def test_a_tokenized_parquet_row_is_still_named_by_file_and_row(tmp_path: Path, write_spec, batch) -> None:
+    import inspect
+
+    docs = [inspect.getdoc(f) for f in (len, print, sorted, open)]
+    pq.write_table(pa.table({"text": ["short", "ok"]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"text": docs}), tmp_path / "b.parquet", row_group_size=2)
+    spec = write_spec(f"""
+nodes:
+  files: {{op: list_files, url: "{tmp_path}/*.parquet"}}
+  read:  {{op: read_parquet}}
+  tok:   {{op: map, fn: "conveyor.text:byte_tokenize"{", batch: " + str(batch) if batch else ""}}}
+  batch: {{op: bucket_batch, boundaries: [64, 1024], batch_sizes: [4, 4]}}
+  pad:   {{op: pad_collate}}
+""")
+    longest = max(range(len(docs)), key=lambda i: len(docs[i]))
+    assert len(docs[longest].encode()) > 1024
+    # was "item 4294967299": the tokenizer dropped the row, and the index is file << 32 + row
+    with load_graph(spec) as loader, \
+            pytest.raises(SampleError, match=rf"b\.parquet row {longest} has length \d+, over the last boundary"):
+        list(loader)
+
+
 def test_parquet_from_s3_reads_the_same_rows(s3, parquet_dir: Path) -> None:
     root = s3.upload(parquet_dir, "tables")
     remote = list(ReadParquet(ListFiles(url=root + "/*.parquet"), batch_rows=5))

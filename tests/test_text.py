@@ -95,6 +95,7 @@ def test_read_jsonl_from_fsspec_url_and_gzip(tmp_path):
     ("not json", "not JSON"),
     ("[1, 2]", "expected a JSON object, got list"),
     ('{"other": 1}', "no field 'text'"),
+    ('{"content": "Return the length", "id": 7}', r"no field 'text' \(it has: content, id; the field param "),
     ('{"text": "   "}', "field 'text' is empty"),
     ('{"text": 5}', "field 'text' is int"),
     ('{"text": null}', "field 'text' is null"),  # it said "no field 'text'", which it has
@@ -178,6 +179,156 @@ def test_not_utf8_is_a_bad_line(tmp_path):
         _drain(_reader(str(path)))
 
 
+def _prose() -> list[str]:
+    """Real prose: the docstrings of some standard-library modules and their members, and lines
+    in many scripts (CJK, RTL, emoji with ZWJ and skin tones, combining accents, NFC and NFD)."""
+    import importlib
+    import inspect
+    import unicodedata
+
+    docs: list[str] = []
+    for name in ("json", "collections", "os", "re", "argparse", "itertools", "functools", "pathlib",
+                 "logging", "decimal", "datetime", "email.message", "http.client", "unittest"):
+        module = importlib.import_module(name)
+        for _, obj in [(name, module)] + inspect.getmembers(module):
+            doc = inspect.getdoc(obj)
+            if doc and doc not in docs:
+                docs.append(doc)
+    docs += ["日本語のテキスト、句読点。漢字とかな", "中文文本：你好，世界！", "한국어 문장입니다.",
+             "مرحبا بالعالم، هذا نص عربي", "שלום עולם, זה טקסט בעברית", "👨‍👩‍👧‍👦 family 👍🏽 🏳️‍🌈",
+             unicodedata.normalize("NFC", "café naïve résumé"), unicodedata.normalize("NFD", "café naïve résumé"),
+             "e\u0301\u0301\u0301 stacked accents", "tab\there\r\nCRLF inside", "nul\x00byte"]
+    return docs
+
+
+def _prose_jsonl(size: int) -> bytes:
+    """At least ``size`` bytes of JSONL records of ``_prose()``, repeated as needed."""
+    lines = [json.dumps({"text": t}, ensure_ascii=False).encode() + b"\n" for t in _prose()]
+    out = bytearray()
+    while len(out) < size:
+        out += b"".join(lines)
+    return bytes(out)
+
+
+def test_a_truncated_or_corrupt_compressed_file_names_the_file_and_line_or_skips_its_rest(tmp_path, monkeypatch):
+    import bz2
+    import lzma
+
+    from conveyor.nodes import read_jsonl
+
+    monkeypatch.setattr(read_jsonl, "BLOCK", 1 << 16)  # several read blocks: the cut falls after some records
+    data = _prose_jsonl(1)
+    n_lines = data.count(b"\n")
+    for suffix, compress in ((".gz", gzip.compress), (".bz2", lambda d: bz2.compress(d, 1)), (".xz", lzma.compress)):
+        blob = compress(data)  # (bz2 in its 100 kB blocks, so some come whole before the cut)
+        path = tmp_path / f"cut.jsonl{suffix}"
+        path.write_bytes(blob[: len(blob) * 3 // 4])  # a download cut short
+        with pytest.raises(SampleError, match=rf"cut\.jsonl\{suffix}: cannot read it after line \d+ "
+                                              r"\(EOFError") as err:  # was a bare EOFError
+            _drain(_reader(str(path)))
+        assert "in read_jsonl" in err.value.__notes__
+        node = _reader(str(path), on_error="skip")
+        out = _drain(node)
+        assert 0 < len(out) < n_lines and [r["line"] for r in out] == list(range(1, len(out) + 1))
+        assert node.stats()["skipped"] == 1  # the rest of the file, counted
+        assert f"cut.jsonl{suffix}:{len(out) + 1}" in str(node.ledger.state())
+    broken = bytearray(gzip.compress(data))
+    broken[-8] ^= 0xFF  # its CRC: the data decode, then the check at the end fails
+    (tmp_path / "bad.jsonl.gz").write_bytes(bytes(broken))
+    with pytest.raises(SampleError, match=r"bad\.jsonl\.gz: cannot read it after line \d+ "
+                                          r"\(BadGzipFile: CRC check failed"):
+        _drain(_reader(str(tmp_path / "bad.jsonl.gz")))  # was a bare BadGzipFile
+
+
+def test_a_zip_of_several_files_is_an_error_not_its_first_file(tmp_path):
+    import zipfile
+
+    data = _prose_jsonl(1)
+    with zipfile.ZipFile(tmp_path / "corpus.jsonl.zip", "w") as z:
+        z.writestr("corpus/", "")
+        z.writestr("corpus/part-0.jsonl", data)
+        z.writestr("corpus/part-1.jsonl", data)
+    with pytest.raises(SampleError, match=r"corpus\.jsonl\.zip is a zip archive of 2 files \(corpus/part-0\.jsonl, "
+                                          r"corpus/part-1\.jsonl\); .* unzip it"):
+        _drain(_reader(str(tmp_path / "corpus.jsonl.zip")))  # was part-0's records only, without a word
+    with zipfile.ZipFile(tmp_path / "one.jsonl.zip", "w") as z:
+        z.writestr("corpus/", "")  # a folder entry is not a file
+        z.writestr("corpus/part-0.jsonl", data)
+    assert len(_drain(_reader(str(tmp_path / "one.jsonl.zip")))) == data.count(b"\n")
+
+
+def test_a_tar_archive_of_jsonl_files_is_named_not_read_as_lines(tmp_path):
+    import io
+    import tarfile
+
+    data = _prose_jsonl(1)
+    for name, mode, form in (("corpus.tar.gz", "w:gz", tarfile.PAX_FORMAT), ("corpus.tar", "w", tarfile.GNU_FORMAT)):
+        with tarfile.open(tmp_path / name, mode, format=form) as tar:
+            for part in ("part-0.jsonl", "part-1.jsonl"):
+                info = tarfile.TarInfo(part)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        for on_error in ("raise", "skip"):  # skip gave most records and a few bad lines per member
+            with pytest.raises(SampleError, match=rf"{name.replace('.', '[.]')}: it is a tar archive"):
+                _drain(_reader(str(tmp_path / name), on_error=on_error))
+    text = tmp_path / "gustar.txt"  # the word at the magic's place is text, not a tar header
+    text.write_text("x" * 256 + "gustar mucho\n")
+    assert _drain(_reader(str(text), format="lines"))[0]["text"].endswith("gustar mucho")
+
+
+def test_utf16_text_is_named_not_read_as_a_screen_of_bad_lines(tmp_path):
+    text = "".join(json.dumps({"text": t}, ensure_ascii=False) + "\r\n" for t in _prose()[-11:])
+    (tmp_path / "ps.jsonl").write_bytes(b"\xff\xfe" + text.encode("utf-16-le"))  # PowerShell 5: cmd > ps.jsonl
+    (tmp_path / "be.txt").write_bytes(text.encode("utf-16"))  # (big or little endian, its mark first)
+    for name, fmt in (("ps.jsonl", "jsonl"), ("be.txt", "lines")):
+        for on_error in ("raise", "skip"):  # skip skipped every line as "not utf-8 text"
+            with pytest.raises(SampleError, match=rf"{name.replace('.', '[.]')}: it is UTF-16 text .* to UTF-8"):
+                _drain(_reader(str(tmp_path / name), format=fmt, on_error=on_error))
+
+
+def test_a_compression_the_name_hides_or_that_needs_a_package_is_named(tmp_path):
+    from fsspec.utils import infer_compression
+
+    data = _prose_jsonl(1000)
+    (tmp_path / "hidden.jsonl").write_bytes(gzip.compress(data))  # gzipped, named as text
+    for fmt in ("jsonl", "lines"):
+        for on_error in ("raise", "skip"):  # not a screen of "not utf-8" lines, nor all of them skipped
+            with pytest.raises(SampleError, match=r"hidden\.jsonl: it is gzip-compressed but its name does "
+                                                  r"not end in \.gz"):
+                _drain(_reader(str(tmp_path / "hidden.jsonl"), format=fmt, on_error=on_error))
+    (tmp_path / "plain.jsonl").write_bytes(b'{"text": "BZh91AY& is text"}\n' + data)
+    assert len(_drain(_reader(str(tmp_path / "plain.jsonl")))) == data.count(b"\n") + 1
+    (tmp_path / "bzh.txt").write_bytes(b"BZh9 is a line of text\n")
+    assert _drain(_reader(str(tmp_path / "bzh.txt"), format="lines"))[0]["text"] == "BZh9 is a line of text"
+    if infer_compression("a.jsonl.zst") is not None:
+        pytest.skip("zstandard is installed here: fsspec reads .zst")
+    (tmp_path / "a.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(range(64)))
+    with pytest.raises(SampleError, match=r"a\.jsonl\.zst: zstd-compressed files need the zstandard "
+                                          r"package: pip install zstandard"):
+        _drain(_reader(str(tmp_path / "a.jsonl.zst"), on_error="skip"))  # was every line skipped as not utf-8
+
+
+@pytest.mark.timeout(30)
+def test_a_line_of_many_blocks_is_read_in_linear_time_and_resumes(tmp_path, monkeypatch):
+    from conveyor.nodes import read_jsonl
+
+    # a single-line export (a whole corpus as one JSON value) is a line of thousands of blocks;
+    # each block was added to the line read so far, copying it again: 49 s for a 200 MB line, and
+    # here (2 MB in blocks of 16 bytes) minutes, against a fraction of a second
+    monkeypatch.setattr(read_jsonl, "BLOCK", 16)
+    long = (" ".join(_prose()) * 20)[: 2 << 20]
+    path = _write_jsonl(tmp_path / "long.jsonl", ["first", long, "after it"])
+    with path.open("ab") as f:
+        f.write(json.dumps({"text": long[:100]}).encode())  # and a last line without a newline
+    out = _drain(_reader(str(path)))
+    assert [r["text"] for r in out] == ["first", long, "after it", long[:100]]
+    node = _reader(str(path))
+    node.reset()
+    next(node), next(node)
+    state = node.state_dict()
+    assert [r["text"] for r in _drain(_reader(str(path)), state)] == ["after it", long[:100]]
+
+
 def test_read_jsonl_resumes_mid_file_by_byte_offset_at_every_step(tmp_path):
     _corpus(tmp_path, files=3, per_file=7)
     full = _drain(_reader(f"{tmp_path}/*.jsonl"))
@@ -226,6 +377,14 @@ def test_vocab_tokenize_and_cache(tmp_path):
     with pytest.raises(ValueError, match="not in the vocabulary"):
         vocab_tokenize("x", vocab=str(vocab), unk="<nope>")
     assert len(load_vocab(str(SAMPLE / "vocab.txt"))) > 1000
+
+
+def test_a_vocabulary_saved_by_a_windows_tool_keeps_its_first_token(tmp_path):
+    vocab = tmp_path / "vocab-bom.txt"
+    vocab.write_bytes("\ufeff<unk>\r\nthe\r\nвремя\r\n".encode())  # Notepad's UTF-8: a BOM, CRLF
+    assert load_vocab(str(vocab)) == {"<unk>": 0, "the": 1, "время": 2}
+    # was "unk='<unk>' is not in the vocabulary": token 0 was '\ufeff<unk>'
+    assert vocab_tokenize("the время x", vocab=str(vocab))["input_ids"].tolist() == [1, 2, 0]
 
 
 def test_vocab_tokenize_takes_the_lists_of_a_batch_map(tmp_path, write_spec):
@@ -304,6 +463,39 @@ def test_pad_collate_shapes_masks_lengths_dtypes(case):
     assert batch["label"].tolist() == [s["label"] for s in samples]
     assert batch["name"] == [s["name"] for s in samples]
     assert real == sum(lengths) and padded == len(samples) * T
+
+
+def test_a_sequence_field_left_out_of_fields_is_named_with_its_samples(tmp_path):
+    texts = ["Return the length of an object.", "شكرا", "👍🏽 done"]
+    _write_jsonl(tmp_path / "t.jsonl", texts)
+    records = [byte_tokenize(r) for r in _drain(_reader(str(tmp_path / "t.jsonl")))]
+    samples = [{**r, "labels": r["input_ids"].clone()} for r in records]  # labels: a causal LM's targets
+    node = PadCollate(IterableWrapper([samples]), fields=["input_ids"])
+    with pytest.raises(ValueError, match=r"field 'labels' is not padded \(it is not in fields\) and its samples "
+                                         r"differ in shape: \(31,\) in sample 0 \(\S*t\.jsonl:1\), \(8,\) in "
+                                         r"sample 1 \(\S*t\.jsonl:2\); name it in fields") as err:
+        next(node)  # was torch's bare "stack expects each tensor to be equal size"
+    assert "in pad_collate" in err.value.__notes__
+    with pytest.raises(ValueError, match=r"field 1 is not padded"):
+        pad_collate([(torch.arange(3), torch.arange(3)), (torch.arange(2), torch.arange(2))], fields=[0])
+    batch, _, _ = pad_collate(samples, fields=["input_ids", "labels"])
+    assert batch["labels"].tolist() == batch["input_ids"].tolist()
+
+
+def test_a_pad_value_the_narrow_ids_cannot_hold_names_the_field_and_the_dtype_to_give():
+    texts = ["Return the absolute value of the argument.", "שלום", "👨‍👩‍👧"]
+    samples = [{**s, "labels": s["input_ids"].copy()} for s in byte_tokenize(texts, dtype="uint8")]
+    pad_value = {"input_ids": 0, "labels": -100}  # the loss's ignore_index
+    for batch in (samples, [{k: torch.from_numpy(v) for k, v in s.items()} for s in samples]):
+        node = PadCollate(IterableWrapper([batch]), fields=["input_ids", "labels"], pad_value=pad_value)
+        with pytest.raises(ValueError, match=r"field 'labels': pad value -100 does not fit its dtype uint8 "
+                                             r"\(the samples'\); .*dtype: int64") as err:
+            next(node)  # was numpy's bare "Python integer -100 out of bounds for uint8"
+        assert "in pad_collate" in err.value.__notes__
+        out, _, _ = pad_collate(batch, fields=["input_ids", "labels"], pad_value=pad_value, dtype=torch.int64)
+        assert out["labels"][1].tolist() == list("שלום".encode()) + [-100] * (len(texts[0]) - 8)
+    with pytest.raises(ValueError, match=r"pad value 0.5 does not fit its dtype int64"):
+        pad_collate([[1, 2], [3]], pad_value=0.5)  # was padded with 0, silently
 
 
 def test_pad_collate_several_fields_tuples_and_bare_sequences():
@@ -418,6 +610,39 @@ def test_too_long_sequence_names_file_and_line(tmp_path):
     assert node.stats()["overflow"] == 1
     node = graph(overflow="truncate")
     assert sorted(len(x["input_ids"]) for b in _drain(node) for x in b) == [2, 5, 10]
+
+
+def test_documents_overflow_skip_leaves_out_are_named_logged_and_resumed(tmp_path, write_spec, caplog):
+    docs = _prose()
+    long = sorted(i for i, t in enumerate(docs) if len(t.encode()) > 1024)
+    assert 3 <= len(long) < len(docs) // 2
+    _write_jsonl(tmp_path / "docs.jsonl", docs)
+    spec = write_spec(f"""
+nodes:
+  files: {{op: list_files, url: "{tmp_path}/*.jsonl"}}
+  read:  {{op: read_jsonl}}
+  tok:   {{op: map, fn: "conveyor.text:byte_tokenize", batch: 64}}
+  batch: {{op: bucket_batch, boundaries: [256, 1024], max_tokens: 4096, overflow: skip, pool: 2}}
+  pad:   {{op: pad_collate}}
+""")
+    with caplog.at_level("WARNING"), load_graph(spec) as loader:
+        seen = []
+        for i, batch in enumerate(loader):
+            seen += batch["line"].tolist()
+            if i == 3:
+                state = loader.state_dict()
+        skipped = loader.skipped()
+    # they were counted in stats()["overflow"] only: not logged, not in the ledger of skips
+    assert sorted(seen + [i + 1 for i in long]) == list(range(1, len(docs) + 1))
+    assert skipped["count"] == len(long)
+    assert sorted(e["sample"] for e in skipped["entries"]) == sorted(f"{tmp_path}/docs.jsonl:{i + 1}" for i in long)
+    assert all(e["node"] == "batch" and "over the last boundary 1024 (overflow: skip)" in e["message"]
+               for e in skipped["entries"])
+    assert f"docs.jsonl:{long[0] + 1}: length" in caplog.text
+    with load_graph(spec) as loader:  # a resume replays some of them: they are not named twice
+        loader.load_state_dict(state)
+        list(loader)
+        assert loader.skipped()["count"] == len(long)
 
 
 # ----- specs/text.yaml ----------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,92 @@ def test_hf_tokenize_one_by_one_and_in_lists(tokenizer_json):
     # BPE merges: fewer ids than bytes
     assert sum(len(o["input_ids"]) for o in hf_tokenize(records, tokenizer=tokenizer_json)) < \
         sum(len(r["text"].encode()) for r in records)
+
+
+def _docstrings() -> list[str]:
+    """Real prose: the docstrings of a few standard-library modules and their members."""
+    import argparse
+    import collections
+    import inspect
+    import pathlib
+    import re
+
+    docs = [inspect.getdoc(obj) for m in (argparse, collections, pathlib, re)
+            for obj in [m] + [o for _, o in inspect.getmembers(m)]]
+    return [d for d in dict.fromkeys(docs) if d]
+
+
+def _bert_like(docs: list[str]) -> Any:
+    """A WordPiece tokenizer trained on ``docs`` that adds [CLS] and [SEP], as BERT's does."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(docs, tokenizers.trainers.WordPieceTrainer(
+        vocab_size=2000, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"], show_progress=False))
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return tok
+
+
+def test_hf_tokenize_keeps_every_id_of_a_tokenizer_saved_with_truncation_unless_asked(tmp_path):
+    docs = _docstrings()
+    tok = _bert_like(docs)
+    tok.enable_truncation(64)  # as a tokenizer.json saved after a fine-tuning run often is
+    tok.enable_padding(length=64)
+    path = str(tmp_path / "bert.json")
+    tok.save(path)
+    tok.no_truncation()
+    tok.no_padding()
+    long = max(docs, key=len)
+    full = tok.encode(long).ids
+    assert len(full) > 200
+    for item in ({"text": long}, [{"text": long}, {"text": "short"}]):
+        out = hf_tokenize(item, tokenizer=path)
+        ids = (out if isinstance(out, dict) else out[0])["input_ids"]
+        assert list(ids) == full  # was cut to the file's 64, unasked, and not counted anywhere
+        cut = hf_tokenize(item, tokenizer=path, max_length=16)
+        ids = (cut if isinstance(cut, dict) else cut[0])["input_ids"]
+        assert list(ids) == full[:15] + [3]  # [CLS] ... [SEP]: the specials kept
+    assert list(hf_tokenize([{"text": "short"}], tokenizer=path)[0]["input_ids"]) == tok.encode("short").ids  # unpadded
+
+
+def test_a_max_length_without_room_past_the_special_tokens_is_refused(tmp_path, write_spec):
+    docs = _docstrings()
+    path = str(tmp_path / "bert.json")
+    _bert_like(docs).save(path)
+    for m in (1, 2):  # 1 kept every id of the text (tokenizers did not truncate), 2 kept [CLS] [SEP] only
+        with pytest.raises(ValueError, match=rf"max_length={m} must be an int > 2 \(the special tokens"):
+            hf_tokenize({"text": docs[0]}, tokenizer=path, max_length=m)
+    assert len(hf_tokenize({"text": docs[0]}, tokenizer=path, max_length=1, add_special_tokens=False)["input_ids"]) == 1
+    assert len(hf_tokenize({"text": docs[0]}, tokenizer=path, max_length=3)["input_ids"]) == 3
+    spec = write_spec(f"""
+nodes:
+  files: {{op: list_files, url: "{SAMPLE}/*.jsonl"}}
+  read: {{op: read_jsonl}}
+  tok: {{op: map, fn: "conveyor.text:hf_tokenize", args: {{tokenizer: "{path}", max_length: 1}}}}
+""")
+    with pytest.raises(SpecErrors) as info:
+        check_spec(spec)
+    (err,) = info.value.errors
+    assert (err.node, err.param) == ("tok", "args") and "max_length=1 must be an int > 2" in err.message
+
+
+def test_train_tokenizer_reads_a_corpus_as_read_jsonl_does(tmp_path):
+    import gzip
+
+    pytest.importorskip("tokenizers")
+    docs = _docstrings()
+    lines = [json.dumps({"text": t}) for t in docs[:200]]
+    # Windows-written: a byte order mark and CRLF; a blank line; a record without text; gzipped
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines[:100] + ["", '{"id": 3}']).encode() + b"\r\n")
+    (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress("\n".join(lines[100:]).encode()))
+    path = train_tokenizer([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl.gz")], str(tmp_path / "tok.json"),
+                           vocab_size=600)  # was "Unexpected UTF-8 BOM", naming no file
+    assert len(hf_tokenize({"text": docs[0]}, tokenizer=path)["input_ids"]) < len(docs[0].encode())
+    (tmp_path / "c.jsonl").write_text('{"text": "fine"}\n{"text": "cut sho\n')
+    with pytest.raises(SampleError, match=r"c\.jsonl:2: not JSON"):
+        train_tokenizer([str(tmp_path / "c.jsonl")], str(tmp_path / "tok2.json"))
 
 
 def test_text_spec_with_hf_tokenize_runs_and_resumes(tmp_path, tokenizer_json):

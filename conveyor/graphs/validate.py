@@ -270,6 +270,32 @@ def _batched_before(name: str, nodes: dict[str, NodePlan], graph: dict[str, list
     return False
 
 
+def _budget_padding(pad: NodePlan, nodes: dict[str, NodePlan], graph: dict[str, list[str]], errs: _Errors) -> None:
+    """A bucket_batch with a token budget feeding ``pad`` (a pad_collate padding to a multiple,
+    through nodes that pass batches on as they are) must assume a padded length at least
+    ``pad``'s, else batches come out over ``max_tokens``: its multiple must be one of ``pad``'s."""
+    m = pad.params.pad_to_multiple_of
+    name = pad.name
+    while len(graph.get(name, [])) == 1:
+        up = nodes.get(graph[name][0])
+        if up is None or up.params is None:
+            return
+        if up.op.name == "bucket_batch":
+            assumed = up.params.pad_to_multiple_of or 1
+            if up.params.max_tokens is not None and assumed % m:
+                errs.add(f"'{pad.name}' (pad_collate) pads to a multiple of {m}, but this budget assumes "
+                         f"{'no padding beyond the longest' if assumed == 1 else f'a multiple of {assumed}'}: "
+                         f"batches would come out over max_tokens {up.params.max_tokens}; set "
+                         f"pad_to_multiple_of: {m} here, as pad_collate has it",
+                         ("nodes", up.name, "pad_to_multiple_of") if up.params.pad_to_multiple_of
+                         else ("nodes", up.name, "max_tokens"), node=up.name, op="bucket_batch",
+                         param="pad_to_multiple_of")
+            return
+        if up.op.name not in ("prefetch", "pin_memory", "to_device"):
+            return
+        name = up.name
+
+
 def _upstream(name: str, inputs: dict[str, list[str]]) -> set[str]:
     seen: set[str] = set()
     todo = list(inputs.get(name, []))
@@ -532,6 +558,8 @@ def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resuma
             errs.add(f"{plan.op.name} stacks the samples of a batch, but nothing before it makes "
                      f"batches: put a batch node above it, e.g. {{op: batch, size: 32}}",
                      ("nodes", plan.name), key=True, node=plan.name, op=plan.op.name)
+        if plan.op.name == "pad_collate" and (p.pad_to_multiple_of or 1) > 1:
+            _budget_padding(plan, nodes, graph, errs)
         if plan.op.name == "shuffle_buffer" and p.size > SHUFFLE_AFTER_HEAVY_LIMIT:
             for up in _upstream(plan.name, graph):
                 up_plan = nodes.get(up)

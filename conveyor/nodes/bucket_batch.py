@@ -4,10 +4,11 @@ Items go to buckets by length: bucket ``i`` holds lengths in ``(boundaries[i-1],
 (the first from 0). Each bucket gathers a *pool* of about ``pool`` batches' worth of items;
 a full pool is sorted by length, cut into batches — ``batch_sizes[i]`` items each, or as many
 as fit a token budget ``max_tokens`` (batch size x padded length <= budget, the padded length
-rounded up to ``pad_to_multiple_of``) — and those batches are emitted in an order shuffled by
-(seed, epoch, rank, pool number). At the end of the epoch every partial pool is cut the same
-way and all their batches are emitted together in one shuffled order (so the epoch does not
-end in length order); ``drop_remainder`` drops each bucket's last batch there when it is not
+rounded up to ``pad_to_multiple_of``: in a spec, a multiple of that of the ``pad_collate`` after
+it, or its batches would exceed the budget) — and those batches are emitted in an order
+shuffled by (seed, epoch, rank, pool number). At the end of the epoch every partial pool is cut
+the same way and all their batches are emitted together in one shuffled order (so the epoch
+does not end in length order); ``drop_remainder`` drops each bucket's last batch there when it is not
 full — fewer than its batch size, or room left for one more item of its longest length under
 the budget — and counts the items in ``stats()["dropped"]``. An item alone over the budget
 becomes a batch of one (counted in ``stats()["oversize"]``).
@@ -20,10 +21,13 @@ together, so neighbours in a batch have closer lengths (less padding), but it ho
 ``benchmarks/padding.py``).
 
 Items longer than the last boundary follow ``overflow``: ``raise`` (``SampleError`` naming the
-item's file and line), ``skip`` (counted), ``truncate`` (the ``length`` field cut to the last
-boundary), or ``own_bucket`` (one more bucket without an upper bound). ``boundaries="auto"``
-takes length quantiles of the first ``auto_sample`` items of the first epoch (logged at INFO,
-shown in ``stats()``, kept in the state so a resumed run uses the same).
+item's file and line), ``skip`` (counted, the first few logged, each named in the skip ledger
+that ``Loader.skipped()`` reads), ``truncate`` (the ``length`` field cut to the last
+boundary, and with it every other sequence field of the same length, such as ``labels`` or
+``attention_mask``, so they stay aligned), or ``own_bucket`` (one more bucket without an upper
+bound). ``boundaries="auto"`` takes length quantiles of the first ``auto_sample`` items of the
+first epoch (logged at INFO, shown in ``stats()``, kept in the state so a resumed run uses the
+same).
 
 State, without the items. Within a bucket, pools are emitted in the order they filled, and
 the input is only read when no batch is waiting, so at any time the items of bucket ``b``
@@ -60,12 +64,14 @@ from bisect import bisect_left
 from operator import itemgetter
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError, StateError
 from conveyor.nodes._chunks import take
 from conveyor.nodes._rng import derive_seed
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +91,23 @@ def _where(item: Any) -> str:
         if "index" in item:
             return f"item {item['index']}"
     return "an item"
+
+
+def _seq_len(value: Any) -> int | None:
+    """The first-dim length of a sequence field (tensor, numpy array, list), else None."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return value.shape[0] if value.ndim else None
+    return len(value) if isinstance(value, (list, tuple)) else None
+
+
+def _truncated(item: dict, field: str, n: int, keep: int) -> dict:
+    """A copy of ``item`` with ``field`` (``n`` long) cut to ``keep``, and with it every other
+    sequence field as long (labels, attention_mask, token_type_ids: the same positions)."""
+    out = dict(item)
+    for key, value in item.items():
+        if key == field or (type(value) is not str and _seq_len(value) == n):
+            out[key] = value[:keep]
+    return out
 
 
 def auto_boundaries(lengths: Sequence[int], buckets: int, multiple: int | None = None) -> list[int]:
@@ -224,6 +247,7 @@ class BucketBatch(BaseNode[list]):
         if self.boundaries is not None:
             self._set_boundaries(self.boundaries)
         self._stats = self._zero_stats()
+        self.ledger = SkipLedger()  # the items overflow: skip left out, since the run began
 
     # ----- configuration ------------------------------------------------------------------
     def _set_boundaries(self, bounds: list[int]) -> None:
@@ -333,6 +357,7 @@ class BucketBatch(BaseNode[list]):
         self._clear()
         stats = initial_state[self.STATS_KEY]
         self._stats = {k: (list(v) if isinstance(v, list) else v) for k, v in stats.items()}
+        self.ledger.load(initial_state.get(LEDGER_KEY))  # as saved: the replay does not add to it
         self._snaps = [_Snap(0, src, [0] * self.n_buckets)]
         self._done = list(initial_state[self.DONE_KEY])
         self._pools_cut = initial_state[self.POOLS_KEY]
@@ -379,6 +404,7 @@ class BucketBatch(BaseNode[list]):
             self.POOLS_KEY: self._pools_cut,
             self.BOUNDARIES_KEY: list(self.boundaries),  # type: ignore[arg-type]
             self.STATS_KEY: {k: (list(v) if isinstance(v, list) else v) for k, v in self._stats.items()},
+            LEDGER_KEY: self.ledger.state(),
         }
 
     # ----- reading ------------------------------------------------------------------------
@@ -405,11 +431,12 @@ class BucketBatch(BaseNode[list]):
                                   f"{bounds[-1]}; set overflow: own_bucket | truncate | skip, add a "  # type: ignore[index]
                                   "boundary, or truncate earlier (the tokenizer's max_length)")
             if self.overflow == "skip":
+                if not self._replaying:
+                    self._skip(item, n)
                 return -1
             if self.overflow == "truncate":
+                item = _truncated(item, self.length, n, bounds[-1])  # type: ignore[arg-type,index]
                 n = bounds[-1]  # type: ignore[index]
-                item = dict(item)
-                item[self.length] = item[self.length][:n]  # type: ignore[index]
                 b -= 1
         read = self._read
         ordinal = read[b]
@@ -422,6 +449,13 @@ class BucketBatch(BaseNode[list]):
         pool.append((n, pos, item))
         self._pool_tokens[b] += n if self._by_tokens and n else 1
         return b
+
+    def _skip(self, item: Any, n: int) -> None:
+        """Name an item ``overflow: skip`` leaves out: in the skip ledger, and logged (the first few)."""
+        sample = sample_id(item)
+        why = f"length {n}, over the last boundary {self.boundaries[-1]} (overflow: skip)"  # type: ignore[index]
+        self.ledger.add(sample, "SampleError", why)
+        log_skip(log, self.ledger.count, f"{self.where}: skipped {sample}: {why}")
 
     def _snapshot(self) -> None:
         """Keep the input's state here, or, while items of a chunk read from it wait to be

@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import default_collate
 from torchdata.nodes import BaseNode
 
-from conveyor.nodes.collate import check_fields, same_fields
+from conveyor.nodes.collate import _named, check_fields, same_fields
 
 SIDES = ("right", "left")
 DTYPES = ("int64", "int32", "int16", "int8", "uint8", "float64", "float32", "float16", "bfloat16")
@@ -84,6 +84,20 @@ def _as_tensor(value: Any, name: Any) -> torch.Tensor:
     if isinstance(value, (list, tuple)):
         return torch.tensor(value) if value else torch.empty(0, dtype=torch.long)
     raise ValueError(f"field {name!r}: expected a tensor or a list of numbers to pad, got {type(value).__name__}")
+
+
+def _check_pad(name: Any, pad_value: float, dtype: Any) -> None:
+    """Raise unless ``pad_value`` fits ``dtype`` (numpy's or torch's), the padded field's: ids that
+    travel narrow (``uint8`` bytes) cannot hold a pad value such as -100, and numpy's refusal
+    named neither the field nor the way out."""
+    np_dtype = _NUMPY.get(dtype) if isinstance(dtype, torch.dtype) else np.dtype(dtype)
+    if np_dtype is None or np_dtype.kind not in "biu":  # floats, and what numpy lacks (bfloat16): any
+        return
+    low, high = (0, 1) if np_dtype.kind == "b" else (int(np.iinfo(np_dtype).min), int(np.iinfo(np_dtype).max))
+    if pad_value != int(pad_value) or not low <= pad_value <= high:
+        raise ValueError(f"field {name!r}: pad value {pad_value!r} does not fit its dtype "
+                         f"{str(dtype).removeprefix('torch.')} (the samples'); give pad_collate a dtype "
+                         "that holds it (dtype: int64 widens ids as they are padded)")
 
 
 def _rows(seqs: list[torch.Tensor], longest: int, pad_value: float, side: str) -> torch.Tensor:
@@ -138,6 +152,8 @@ def pad_field(values: Sequence[Any], *, name: Any = "?", pad_value: float = 0, s
     longest = max(counts)
     if multiple and longest % multiple:
         longest += multiple - longest % multiple
+    if pad_value != 0:
+        _check_pad(name, pad_value, common)
     padded = _rows(seqs, longest, pad_value, side)
     return (padded,) + _lengths_mask(counts, longest, side)
 
@@ -181,6 +197,8 @@ def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side:
     else:
         mask = positions >= (longest - sizes)[:, None]
     shape = (len(counts), longest, *flat.shape[1:])
+    if pad_value != 0:
+        _check_pad(name, pad_value, out_dtype)
     out = np.zeros(shape, out_dtype) if pad_value == 0 else np.full(shape, pad_value, dtype=out_dtype)
     out[mask] = flat
     return torch.from_numpy(out), torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64))
@@ -196,6 +214,27 @@ def _collate(values: list) -> Any:
                 return default_collate(values)
         return torch.from_numpy(np.array(values, dtype=np.int64)) if kind is int else values
     return default_collate(values)
+
+
+def _shape(value: Any) -> tuple | None:
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        return tuple(value.shape)
+    if isinstance(value, (list, tuple)):
+        return (len(value),)
+    return None
+
+
+def _unpadded(name: Any, values: list, samples: Sequence[Any], exc: Exception) -> Exception:
+    """The error for a field that is not padded and failed to collate: one naming it and the
+    first sample whose shape differs from the first's (a sequence left out of ``fields``), or
+    ``exc`` as it was."""
+    first = _shape(values[0])
+    for i, v in enumerate(values):
+        if _shape(v) != first:
+            return ValueError(f"field {name!r} is not padded (it is not in fields) and its samples differ in "
+                              f"shape: {first} in {_named(samples[0], 0)}, {_shape(v)} in {_named(samples[i], i)}; "
+                              "name it in fields to pad it, or leave it out of the samples")
+    return exc
 
 
 def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
@@ -251,7 +290,10 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
                 else:
                     extra[f"{key}_lengths"], extra[f"{key}_mask"] = lengths, mask
             else:
-                out[key] = _collate(values)
+                try:
+                    out[key] = _collate(values)
+                except RuntimeError as exc:  # torch.stack's "expects each tensor to be equal size"
+                    raise _unpadded(key, values, samples, exc) from exc
         clash = [k for k in extra if k in out]
         if clash:
             raise ValueError(f"the samples already have fields {clash}, which pad_collate adds; rename them")
@@ -273,7 +315,10 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
                 real += sum(lengths.tolist())
                 padded_tokens += mask.numel()
             else:
-                cols.append(default_collate(values))
+                try:
+                    cols.append(default_collate(values))
+                except RuntimeError as exc:
+                    raise _unpadded(i, values, samples, exc) from exc
         return tuple(cols + tail), real, padded_tokens
     raise ValueError(f"pad_collate expects dicts, tuples or sequences, got {type(first).__name__}")
 

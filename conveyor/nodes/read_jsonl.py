@@ -16,8 +16,15 @@ logged). Blank (whitespace-only) lines hold no record and are passed over, as pa
 and the ndjson spec do (a line keeps its number: ``index`` has a gap there); a UTF-8 byte order
 mark starting a file (Windows tools write one) is not part of its first line.
 
-Files ending in ``.gz``, ``.bz2``, ``.zst``... are decompressed on the fly (fsspec's
-``compression="infer"``); offsets then count decompressed bytes.
+Files ending in ``.gz``, ``.bz2``, ``.xz``, ``.zip`` (and ``.zst`` or ``.lz4`` where the
+``zstandard`` or ``lz4`` package is installed) are decompressed on the fly (fsspec's
+``compression="infer"``); offsets then count decompressed bytes. A ``.zip`` must hold one file
+(folder entries aside): an archive of several is an error. So is a file whose name asks for a
+codec that is not installed, whose first bytes are a compressed stream its name does not
+announce, that is a tar archive (``.tar.gz``), or that is UTF-16 text (its byte order mark says
+so): read as text, each was a screen of bad lines, or records mixed with bad lines. A file that
+cannot be read to its end (a truncated or corrupt ``.gz``, a failed read) is an error naming it
+and the last line read, or with ``on_error="skip"`` the rest of the file is skipped and counted.
 
 The state is the input's state before the current file, whether a file is open, and the
 byte offset and line number in it. A restore re-reads that one file record from the input,
@@ -39,9 +46,12 @@ from __future__ import annotations
 import codecs
 import json
 import logging
+import lzma
+import zlib
 from typing import Any
 
 import fsspec
+from fsspec.utils import infer_compression
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
@@ -59,6 +69,50 @@ NESTED = 256     # lines with this many brackets are parsed by the standard libr
 FORMATS = ("jsonl", "lines")
 ON_ERROR = ("raise", "skip")
 LINE_BITS = 32
+# what reading a file can raise: OSError (a failed read, BadGzipFile), EOFError (a truncated
+# .gz/.bz2/.xz), zlib.error and lzma.LZMAError (corrupt data)
+_READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, lzma.LZMAError)
+try:
+    from zstandard import ZstdError as _ZstdError
+    _READ_ERRORS += (_ZstdError,)
+except ImportError:
+    pass
+# name suffixes of compressions fsspec infers only where a package is installed
+_CODEC_PACKAGES = {"zst": ("zstd", "zstandard"), "lz4": ("lz4", "lz4")}
+# first bytes of compressed streams, for a file whose name announces none
+_MAGIC = ((b"\x1f\x8b", "gzip", ".gz"), (b"BZh", "bz2", ".bz2"), (b"\xfd7zXZ\x00", "xz", ".xz"),
+          (b"\x28\xb5\x2f\xfd", "zstd", ".zst"), (b"PK\x03\x04", "zip", ".zip"),
+          (b"\x04\x22\x4d\x18", "lz4", ".lz4"))
+
+
+def compression_problem(path: str, head: bytes | None = None) -> str | None:
+    """Why ``path`` cannot be read as its name says, or ``None``: its suffix names a compression
+    whose package is not installed, or (given its first bytes ``head``) it is a compressed stream
+    that its name does not announce. fsspec infers compression from the name alone, and read as
+    text either file was a bad line per block of binary.
+
+    Example:
+        >>> compression_problem("a.jsonl", b"\\x1f\\x8b\\x08\\x00")
+        'it is gzip-compressed but its name does not end in .gz (compression is inferred from the name); rename it'
+    """
+    if infer_compression(path) is not None:
+        return None
+    suffix = path.rsplit("/", 1)[-1].rpartition(".")[2].lower()
+    if suffix in _CODEC_PACKAGES:
+        codec, package = _CODEC_PACKAGES[suffix]
+        return f"{codec}-compressed files need the {package} package: pip install {package}"
+    if head:
+        for magic, codec, ext in _MAGIC:
+            if head.startswith(magic) and (codec != "bz2" or head[4:8] == b"1AY&"):  # BZh9, then a block
+                return (f"it is {codec}-compressed but its name does not end in {ext} (compression is "
+                        "inferred from the name); rename it")
+    return None
+
+
+def _fields(record: dict, most: int = 8) -> str:
+    """A record's field names, for an error: the first ``most`` of them."""
+    names = [str(k) for k in record]
+    return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "") if names else "none"
 
 
 def encoding_problem(encoding: Any) -> str | None:
@@ -144,19 +198,20 @@ class ReadJsonl(BaseNode[dict]):
         self._lines: list[bytes] = []  # lines of the current block, without their b"\n"
         self._li = 0                   # the next of them
         self._nl = 1                   # 1: they had a b"\n" (0: the file's last line had none)
-        self._tail = b""               # a line the block cut, completed by the next block
+        self._tail: list[bytes] = []   # the pieces of a line the blocks cut, completed by a later block
         self._path = ""                # the open file's path
         self._base = 0                 # the open file's index << LINE_BITS
         self._label = -1               # the open file's label
+        self._sniff = False            # the next block is a file's first: check its first bytes
         self._fast = format == "jsonl" and _fast_loads is not None  # parse with orjson first
-        self._utf8 = encoding.lower().replace("_", "-") in ("utf-8", "utf8")  # orjson takes the bytes
+        self._utf8 = codecs.lookup(encoding).name == "utf-8"  # orjson takes the bytes
 
     # ----- stats and closing --------------------------------------------------------------
     def stats(self) -> dict[str, int]:
         return {"files": self.files, "skipped": self.skipped}
 
     def close(self) -> None:
-        self._lines, self._li, self._tail = [], 0, b""
+        self._lines, self._li, self._tail = [], 0, []
         if self._fh is not None:
             try:
                 self._fh.close()
@@ -168,19 +223,60 @@ class ReadJsonl(BaseNode[dict]):
         path = record.get("path") if isinstance(record, dict) else None
         if not isinstance(path, str):
             raise self._error(f"read_jsonl expects file records with a 'path' (from list_files), got {record!r}")
+        problem = compression_problem(path)
+        if problem:
+            raise self._error(f"read_jsonl: cannot read {path}: {problem}")
         try:
-            self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
+            if infer_compression(path) == "zip":
+                self._fh = self._open_zip(path)
+            else:
+                self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
             if offset:
                 self._fh.seek(offset)
-        except OSError as exc:
+        except _READ_ERRORS as exc:
             self.close()
-            raise self._error(f"read_jsonl: cannot open {path}: {exc.strerror or exc}") from exc
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            raise self._error(f"read_jsonl: cannot open {path}: {why}") from exc
+        self._sniff = not offset  # (_block: a compressed stream its name hides? a tar archive?)
         self._file = record
         self._offset = offset
         self._path = path
         self._base = int(record.get("index", 0)) << LINE_BITS
         self._label = record.get("label", -1)
         self.files += count
+
+    def _open_zip(self, path: str) -> Any:
+        """The one file in the zip archive at ``path``, open. fsspec reads the first entry of a
+        .zip, and nothing after it: of several files, the first only; of a folder entry and
+        its file (``zip -r`` puts the folder first), nothing."""
+        import zipfile
+
+        raw = fsspec.open(path, "rb", **(self.storage_options or {})).open()
+        try:
+            archive = zipfile.ZipFile(raw)
+        except zipfile.BadZipFile as exc:
+            raw.close()
+            raise self._error(f"read_jsonl: cannot read {path}: not a zip archive ({exc})") from None
+        names = [i.filename for i in archive.infolist() if not i.is_dir()]
+        if len(names) != 1:
+            archive.close()
+            raw.close()
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            raise self._error(f"read_jsonl: {path} is a zip archive of {len(names)} files"
+                              + (f" ({shown})" if names else "") + "; a .zip is read as one compressed "
+                              "file, so unzip it and list its files")
+        member = archive.open(names[0])
+        close = member.close
+
+        def close_all() -> None:
+            try:
+                close()
+            finally:
+                archive.close()
+                raw.close()
+
+        member.close = close_all  # type: ignore[method-assign]
+        return member
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -203,16 +299,44 @@ class ReadJsonl(BaseNode[dict]):
             self._open(next(self.source), initial_state[self.OFFSET_KEY], count=False)
 
     def _block(self) -> bool:
-        """Read the next block's lines (without their b"\\n"); False at the end of the file."""
-        data = self._fh.read(BLOCK)
+        """Read the next block's lines (without their b"\\n"); False at the end of the file (or
+        where it cannot be read further, on_error: skip)."""
+        try:
+            data = self._fh.read(BLOCK)
+        except _READ_ERRORS as exc:
+            self._unreadable(exc)
+            self._tail = []  # the start of a line the file ends in the middle of: skipped with the rest
+            return False
+        if self._sniff:  # the first block of a file (no seek: an HTTP stream cannot)
+            self._sniff = False
+            problem = compression_problem(self._path, data[:8])
+            # a tar header's magic, POSIX or GNU (with a NUL no line of text holds)
+            if problem is None and (data[257:263] == b"ustar\x00" or data[257:265] == b"ustar  \x00"):
+                problem = ("it is a tar archive, whose headers and padding would be read as lines "
+                           "of its files; extract its files and list them")
+            # UTF-16's byte order mark (PowerShell 5's > writes it), never the start of UTF-8 text
+            if problem is None and self._utf8 and data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+                problem = ("it is UTF-16 text (it starts with UTF-16's byte order mark), whose lines cannot be "
+                           "cut at the newline byte; convert it to UTF-8")
+            if problem:
+                self.close()
+                raise self._error(f"read_jsonl: cannot read {self._path}: {problem}")
         if not data:
             if not self._tail:
                 return False
-            self._lines, self._li, self._tail = [self._tail], 0, b""  # a last line without b"\\n"
+            self._lines, self._li, self._tail = [b"".join(self._tail)], 0, []  # a last line without b"\\n"
             self._nl = 0
             return True
-        lines = (self._tail + data).split(b"\n")
-        self._tail = lines.pop()  # after the last b"\n": the start of a line (or b"")
+        if b"\n" not in data:  # a line longer than a block: its pieces are joined once, when it ends
+            self._tail.append(data)  # (adding each block to the line so far was quadratic: 49 s for 200 MB)
+            self._lines, self._li = [], 0
+            return True
+        if self._tail:
+            self._tail.append(data)
+            data = b"".join(self._tail)
+        lines = data.split(b"\n")
+        last = lines.pop()  # after the last b"\n": the start of a line (or b"")
+        self._tail = [last] if last else []
         self._lines, self._li, self._nl = lines, 0, 1
         return True
 
@@ -297,6 +421,18 @@ class ReadJsonl(BaseNode[dict]):
         self.ledger.add(where, "SampleError", why)
         log_skip(log, self.skipped, f"read_jsonl: skipped {where}: {why}")
 
+    def _unreadable(self, exc: BaseException) -> None:
+        """The open file fails to read past line ``self._line`` (truncated, corrupt, a failed
+        read): an error naming it, or the rest of the file skipped and counted."""
+        path, after = self._path, f"after line {self._line}" if self._line else "at its start"
+        why = f"cannot read it {after} ({type(exc).__name__}: {exc})"
+        if self.on_error == "raise":
+            raise self._error(f"read_jsonl: {path}: {why} (set on_error: skip to count and skip "
+                              "the rest of such a file)") from exc
+        self.skipped += 1
+        self.ledger.add(f"{path}:{self._line + 1}", type(exc).__name__, f"{why}; the rest of the file skipped")
+        log_skip(log, self.skipped, f"read_jsonl: skipped the rest of {path}: {why}")
+
     def _parse(self, raw: bytes) -> dict | None:
         """The record of a line the fast path did not take, or None (a blank line, or a bad one,
         counted)."""
@@ -327,7 +463,8 @@ class ReadJsonl(BaseNode[dict]):
         if self.field is not None:
             value = record.get(self.field)
             if value is None:
-                self._bad(f"field {self.field!r} is null" if self.field in record else f"no field {self.field!r}")
+                self._bad(f"field {self.field!r} is null" if self.field in record else
+                          f"no field {self.field!r} (it has: {_fields(record)}; the field param names it)")
                 return None
             if not isinstance(value, str):
                 self._bad(f"field {self.field!r} is {type(value).__name__}, expected a string")
