@@ -207,6 +207,18 @@ def test_read_tar_reads_long_names_pax_headers_and_skips_directories(tmp_path: P
     assert [s["index"] for s in out] == [0, 1, 1_000_000]  # records without an index: shard count
 
 
+def test_hidden_members_in_a_folder_are_not_samples(tmp_path: Path) -> None:
+    """macOS tar stores each file's extended attributes as a ._NAME member beside it: in a
+    folder its key was the folder (train/) and the run stopped at a sample with no image."""
+    _tar(tmp_path / "mac.tar", [("train/._k1.jpg", b"\x00\x05\x16\x07attrs"), ("train/k1.jpg", b"J1"),
+                                ("train/k1.cls", b"1"), ("._k2.jpg", b"attrs"), ("k2.jpg", b"J2"),
+                                ("k2.cls", b"2"), ("a.b/.c.d/._k3.jpg", b"attrs"), ("a.b/.c.d/k3.jpg", b"J3"),
+                                ("a.b/.c.d/k3.cls", b"3")])
+    out, node = _read(tmp_path / "mac.tar", fields=["jpg", "cls"])
+    assert [(s["__key__"], s["jpg"], s["cls"]) for s in out] == [
+        ("train/k1", b"J1", 1), ("k2", b"J2", 2), ("a.b/.c.d/k3", b"J3", 3)]
+
+
 def test_corrupt_or_missing_shard_raises_naming_it_or_is_skipped(tmp_path: Path, shards: Path) -> None:
     good = (shards / "shard-000000.tar").read_bytes()
     (tmp_path / "a-cut.tar").write_bytes(good[:300_000])

@@ -18,7 +18,9 @@ from typing import Any
 from conveyor.errors import SampleError
 
 BLOCK = 512
-_KEY_EXT = re.compile(r"^((?:.*/)?[^./][^.]*)\.([^/]*)$")
+# the key: the path up to the base name's first dot; a base name starting with a dot (a hidden
+# file, macOS tar's ._NAME AppleDouble members) matches nothing, in a folder or not
+_KEY_EXT = re.compile(r"^((?:.*/)?[^./][^./]*)\.([^/]*)$")
 _NAME_TYPES = (tarfile.GNUTYPE_LONGNAME, tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE)
 
 

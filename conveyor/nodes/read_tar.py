@@ -3,7 +3,8 @@
 A shard is a plain tar whose members are grouped by key: ``n01440764_10026.jpg`` and
 ``n01440764_10026.cls`` make one sample ``{"__key__": "n01440764_10026", "jpg": b"...",
 "cls": 0, ...}`` (the key is the member name up to the first dot of its base name, the field
-the rest, lower-cased). Shards come from the input as records with a URL under ``field``
+the rest, lower-cased; a member whose base name starts with a dot, such as macOS tar's
+``._NAME`` attribute files, is in no sample). Shards come from the input as records with a URL under ``field``
 (``list_files`` records) and are read front to back through fsspec, a few blocks ahead,
 never downloaded whole first; each block request follows the retry policy of
 ``conveyor.storage``.
