@@ -219,6 +219,20 @@ def test_hidden_members_in_a_folder_are_not_samples(tmp_path: Path) -> None:
         ("train/k1", b"J1", 1), ("k2", b"J2", 2), ("a.b/.c.d/k3", b"J3", 3)]
 
 
+def test_a_compressed_shard_is_named_as_such(tmp_path: Path) -> None:
+    import bz2
+    import gzip
+    import lzma
+
+    _tar(tmp_path / "s.tar", [("a.jpg", b"J"), ("a.cls", b"0")])
+    plain = (tmp_path / "s.tar").read_bytes()
+    for name, data in [("gzip", gzip.compress(plain)), ("bzip2", bz2.compress(plain)), ("xz", lzma.compress(plain))]:
+        (tmp_path / f"s.{name}").write_bytes(data)
+        with pytest.raises(SampleError, match=rf"s\.{name}: a {name}-compressed file, not a tar archive: "
+                                              r"read_tar reads uncompressed tar shards"):
+            _read(tmp_path / f"s.{name}")
+
+
 def test_corrupt_or_missing_shard_raises_naming_it_or_is_skipped(tmp_path: Path, shards: Path) -> None:
     good = (shards / "shard-000000.tar").read_bytes()
     (tmp_path / "a-cut.tar").write_bytes(good[:300_000])

@@ -76,6 +76,11 @@ class _Member:
         self.offset, self.name, self.size = offset, name, size
 
 
+# what a compressed shard starts with: the reason its first header does not parse
+_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
+               (b"\x28\xb5\x2f\xfd", "zstd"))
+
+
 class Shard:
     """One open shard: members grouped into samples, one header read ahead.
 
@@ -100,6 +105,14 @@ class Shard:
             raise SampleError(f"{self.url}: a lone zero block at byte {off} (the end-of-archive "
                               "marker is two): the shard is truncated or corrupt")
 
+    def _compressed(self, buf: bytes, off: int) -> None:
+        """A first block that is no tar header: say so if it starts a compressed stream."""
+        packed = next((name for magic, name in _COMPRESSED if buf.startswith(magic)), None)
+        if off == 0 and packed:
+            raise SampleError(f"{self.url}: a {packed}-compressed file, not a tar archive: read_tar "
+                              "reads uncompressed tar shards (decompress them, or write them with "
+                              "conveyor pack)")
+
     def _member(self) -> _Member | None:
         r = self.reader
         start = r.tell()
@@ -111,6 +124,7 @@ class Shard:
                 raise SampleError(f"{self.url}: ends at byte {off} without the end-of-archive marker "
                                   f"(two zero blocks): the shard is {'empty' if off == 0 else 'truncated'}")
             if len(buf) < BLOCK:
+                self._compressed(buf, off)
                 raise SampleError(f"{self.url}: truncated tar header at byte {off}")
             if buf == bytes(BLOCK):
                 self._end_of_archive(off)
@@ -118,6 +132,7 @@ class Shard:
             try:
                 info = tarfile.TarInfo.frombuf(buf, "utf-8", "surrogateescape")
             except tarfile.HeaderError as exc:
+                self._compressed(buf, off)
                 raise SampleError(f"{self.url}: not a tar archive, or corrupt at byte {off} "
                                   f"({exc})") from exc
             padded = -(-info.size // BLOCK) * BLOCK

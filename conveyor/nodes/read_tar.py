@@ -27,7 +27,8 @@ header that does not parse (pax records included), a member cut short, a shard t
 without the end-of-archive marker (cut between samples, or zero bytes), and a shard whose
 sample count differs from the one ``conveyor pack`` wrote in ``index.json`` beside it (read
 once per folder when there is one). With ``on_error="skip"`` the rest of such a shard is
-skipped and counted (``skipped_shards``). A sample without one of the required ``fields``
+skipped and counted (``skipped_shards``); a gzip, bzip2, xz or zstd file is named as one (shards
+are read uncompressed). A sample without one of the required ``fields``
 (a ``.cls`` missing, a shard cut between a sample's ``.jpg`` and ``.cls``) or with a ``cls``
 that is not a number is a ``SampleError`` naming the shard, the key and the offset, or with
 ``on_error="skip"`` that sample is dropped and counted (``skipped_samples``); its ``index``
