@@ -219,6 +219,37 @@ def test_hidden_members_in_a_folder_are_not_samples(tmp_path: Path) -> None:
         ("train/k1", b"J1", 1), ("k2", b"J2", 2), ("a.b/.c.d/k3", b"J3", 3)]
 
 
+def test_a_linked_member_is_an_error_naming_the_link_or_a_counted_skip(tmp_path: Path) -> None:
+    """tar (and tarfile.add) store a file whose inode was already stored as a hard link, with no
+    data: read_tar passed over links, so the sample lost its image without a word (or, with
+    fields, said it had no .jpg while `tar tf` lists one)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, data in [("k1.jpg", b"J1"), ("k1.cls", b"1"), ("k2.cls", b"2"), ("k3.jpg", b"J3"), ("k3.cls", b"3")]:
+        (src / name).write_bytes(data)
+    (src / "k2.jpg").hardlink_to(src / "k1.jpg")  # a duplicate image, deduplicated on disk
+    with tarfile.open(tmp_path / "s.tar", "w", format=tarfile.GNU_FORMAT) as tf:
+        for name in ["k1.jpg", "k1.cls", "k2.jpg", "k2.cls", "k3.jpg", "k3.cls"]:
+            tf.add(src / name, arcname=name)
+    with tarfile.open(tmp_path / "s.tar") as tf:
+        assert tf.getmember("k2.jpg").islnk()
+    for fields in (None, ["jpg", "cls"]):
+        with pytest.raises(SampleError, match=r"s\.tar: sample 'k2' at byte 2048: its \.jpg member is a "
+                                              r"hard link to 'k1\.jpg': read_tar reads regular members only"):
+            _read(tmp_path / "s.tar", fields=fields)
+    out, node = _read(tmp_path / "s.tar", fields=["jpg", "cls"], on_error="skip")
+    assert [(s["__key__"], s["jpg"], s["index"]) for s in out] == [("k1", b"J1", 0), ("k3", b"J3", 2)]
+    assert node.stats()["skipped_samples"] == 1
+    _tar(tmp_path / "sym.tar", [("a.cls", b"0")])
+    with tarfile.open(tmp_path / "sym.tar", "a") as tf:
+        info = tarfile.TarInfo("a.png")
+        info.type, info.linkname = tarfile.SYMTYPE, "../elsewhere/a.png"
+        tf.addfile(info)
+    with pytest.raises(SampleError, match=r"sample 'a' at byte 0: its \.png member is a symbolic link "
+                                          r"to '\.\./elsewhere/a\.png'"):
+        _read(tmp_path / "sym.tar")
+
+
 def test_a_compressed_shard_is_named_as_such(tmp_path: Path) -> None:
     import bz2
     import gzip

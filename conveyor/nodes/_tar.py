@@ -52,9 +52,13 @@ def pax_path(data: bytes) -> str | None:
     return path
 
 
-def sample_problem(sample: dict[str, Any], fields: list[tuple[str, ...]]) -> str | None:
-    """What makes ``sample`` unusable (none of a required field's alternatives, a ``cls`` that
-    is not a number), or None; turns ``cls`` into an int."""
+def sample_problem(sample: dict[str, Any], fields: list[tuple[str, ...]],
+                   links: dict[str, str] | None = None) -> str | None:
+    """What makes ``sample`` unusable (a member that is a link, none of a required field's
+    alternatives, a ``cls`` that is not a number), or None; turns ``cls`` into an int."""
+    if links:
+        return (f"{'; '.join(links.values())}: read_tar reads regular members only (make the tar "
+                "with tar --hard-dereference or -h, or with conveyor pack)")
     for alternatives in fields:
         if not any(f in sample for f in alternatives):
             have = sorted(k for k in sample if not k.startswith("__") and k != "index")
@@ -70,10 +74,11 @@ def sample_problem(sample: dict[str, Any], fields: list[tuple[str, ...]]) -> str
 
 
 class _Member:
-    __slots__ = ("offset", "name", "size")
+    __slots__ = ("offset", "name", "size", "link")
 
-    def __init__(self, offset: int, name: str, size: int):
+    def __init__(self, offset: int, name: str, size: int, link: str | None = None):
         self.offset, self.name, self.size = offset, name, size
+        self.link = link  # a hard or symbolic link member: what it says, else None
 
 
 # what a compressed shard starts with: the reason its first header does not parse
@@ -97,6 +102,7 @@ class Shard:
         self._peek: _Member | None = None
         self.done = False
         self.pending: SampleError | None = None  # met after the sample just returned
+        self.links: dict[str, str] = {}  # the returned sample's link members: field -> what it links to
 
     def _end_of_archive(self, off: int) -> None:
         """After a zero block at ``off``: the second zero block must follow."""
@@ -149,7 +155,11 @@ class Shard:
                     raise SampleError(f"{self.url}: malformed pax extended header at byte {off} "
                                       f"({exc})") from exc
                 continue
-            if not info.isreg():  # directories, links, global headers: not samples
+            if info.islnk() or info.issym():  # its sample cannot be read whole: said there
+                r.seek(r.tell() + padded)
+                kind = "hard" if info.islnk() else "symbolic"
+                return _Member(start, long_name or info.name, 0, f"a {kind} link to {info.linkname!r}")
+            if not info.isreg():  # directories, global headers: not samples
                 r.seek(r.tell() + padded)
                 long_name = None
                 start = r.tell()
@@ -176,6 +186,7 @@ class Shard:
         if self._peek is None:
             self._peek = self._member()
         sample: dict[str, Any] = {}
+        self.links = {}
         key = None
         while self._peek is not None:
             m = self._peek
@@ -189,9 +200,12 @@ class Shard:
                 key = k
             elif k != key:
                 break
-            if ext in sample:
+            if ext in sample or ext in self.links:
                 raise SampleError(f"{self.url}: sample {key!r} has two {ext!r} members")
-            sample[ext] = self._data(m)
+            if m.link is None:
+                sample[ext] = self._data(m)
+            else:
+                self.links[ext] = f"its .{ext} member is {m.link}"
             at = self.reader.tell()
             try:
                 self._peek = self._member()

@@ -29,9 +29,10 @@ sample count differs from the one ``conveyor pack`` wrote in ``index.json`` besi
 once per folder when there is one). With ``on_error="skip"`` the rest of such a shard is
 skipped and counted (``skipped_shards``); a gzip, bzip2, xz or zstd file is named as one (shards
 are read uncompressed). A sample without one of the required ``fields``
-(a ``.cls`` missing, a shard cut between a sample's ``.jpg`` and ``.cls``) or with a ``cls``
-that is not a number is a ``SampleError`` naming the shard, the key and the offset, or with
-``on_error="skip"`` that sample is dropped and counted (``skipped_samples``); its ``index``
+(a ``.cls`` missing, a shard cut between a sample's ``.jpg`` and ``.cls``), with a ``cls``
+that is not a number, or with a member that is a hard or symbolic link (``tar`` stores a file
+whose inode it has stored before as a hard link, with no data) is a ``SampleError`` naming the
+shard, the key and the offset, or with ``on_error="skip"`` that sample is dropped and counted (``skipped_samples``); its ``index``
 stays used, so the others keep theirs.
 """
 
@@ -280,7 +281,7 @@ class ReadTar(BaseNode[dict]):
             sample["__url__"] = shard.url
             sample["index"] = self._shard_index * self.index_stride + self._pos
             self._pos += 1
-            problem = sample_problem(sample, self.fields)
+            problem = sample_problem(sample, self.fields, shard.links)
             if problem is None:
                 return sample
             if shard.pending is not None:  # the shard's fault (cut short, say), not the sample's
