@@ -400,6 +400,20 @@ def test_sample_missing_a_field_or_with_a_bad_cls_names_shard_and_key(tmp_path: 
         _read(tmp_path / "s.tar")  # no fields required: b passes, c's cls does not
 
 
+def test_skips_are_logged_for_the_first_few_then_only_counted(tmp_path: Path, caplog) -> None:
+    """The one rule for skips (conveyor.nodes._skips): read_tar logged a warning for every skipped
+    sample, a screen of them per shard of samples without a .cls."""
+    from conveyor.nodes._skips import LOGGED_SKIPS
+
+    _tar(tmp_path / "s.tar", [(f"k{i:02d}.jpg", b"J") for i in range(3 * LOGGED_SKIPS)])
+    with caplog.at_level("WARNING", logger="conveyor.nodes.read_tar"):
+        out, node = _read(tmp_path / "s.tar", fields=["jpg", "cls"], on_error="skip")
+    assert out == [] and node.stats()["skipped_samples"] == 3 * LOGGED_SKIPS
+    assert len(node.ledger.state()["entries"]) == 3 * LOGGED_SKIPS
+    skips = [r.getMessage() for r in caplog.records if "skipped a sample" in r.getMessage()]
+    assert len(skips) == LOGGED_SKIPS and "further skips are only counted" in skips[-1]
+
+
 def test_spec_counts_a_sample_without_cls_and_decode_errors_name_shard_and_key(tmp_path: Path) -> None:
     from conveyor.image import train_transform
 

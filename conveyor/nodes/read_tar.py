@@ -46,7 +46,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.errors import ConveyorError, SampleError, SourceError
 from conveyor.nodes._tar import BLOCK, Shard, sample_problem
-from conveyor.nodes._skips import LEDGER_KEY, SkipLedger
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 from conveyor.storage import RetryPolicy, Storage, redact
 from conveyor.storage_errors import NOT_FOUND, classify
 
@@ -245,8 +245,8 @@ class ReadTar(BaseNode[dict]):
         self.skipped_shards += 1
         self.ledger.add(redact(url, self.storage.options) + " (the rest of the shard)", exc,
                         redact(str(exc), self.storage.options))
-        log.warning("%s: skipped the rest of a shard (%s)", self.where,
-                    redact(str(exc), self.storage.options))
+        log_skip(log, self.skipped_shards + self.skipped_samples,
+                 f"{self.where}: skipped the rest of a shard ({redact(str(exc), self.storage.options)})")
 
     def next(self) -> dict:
         try:
@@ -293,7 +293,8 @@ class ReadTar(BaseNode[dict]):
             self.skipped_samples += 1
             self.ledger.add(redact(f"{shard.url}#{sample['__key__']}", self.storage.options), exc,
                             redact(str(exc), self.storage.options))
-            log.warning("%s: skipped a sample (%s)", self.where, redact(str(exc), self.storage.options))
+            log_skip(log, self.skipped_shards + self.skipped_samples,
+                     f"{self.where}: skipped a sample ({redact(str(exc), self.storage.options)})")
 
     def _check_count(self, url: str, read: int) -> None:
         """At the end of a shard: as many samples as ``index.json`` says, when it says."""
