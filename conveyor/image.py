@@ -127,7 +127,7 @@ def decode(item: Mapping[str, Any], *, mode: str = "RGB") -> dict[str, Any]:
         with px.Picture(data) as pic:
             arr, _ = pic.decode(1, mode)
     except _DATA_ERRORS as e:
-        raise _sample_error(_where(item), e) from e
+        raise _sample_error(_where(item), e, data) from e
     return _result(item, _to_tensor(arr.transpose(2, 0, 1), flip=False))
 
 
@@ -202,7 +202,7 @@ def train_transform(
             direct = None if flipped or dst is None else dst.numpy()  # the resize writes there
             out, _ = _crop_resize(pic, (left, top, left + w, top + h), out_w, out_h, direct)
     except _DATA_ERRORS as e:
-        raise _sample_error(_where(item), e) from e
+        raise _sample_error(_where(item), e, data) from e
     if direct is not None and out is direct:  # written in place: nothing to copy
         return _result(item, dst)
     return _result(item, _to_tensor(out, flip=flipped, into=dst))
@@ -247,7 +247,7 @@ def eval_transform(
         with px.Picture(data) as pic:
             out = _resize_center_crop(pic, resize, out_h, out_w)
     except _DATA_ERRORS as e:
-        raise _sample_error(_where(item), e) from e
+        raise _sample_error(_where(item), e, data) from e
     return _result(item, _to_tensor(out, flip=False, into=_slot(into, out_h, out_w)))
 
 
@@ -516,10 +516,22 @@ def _read_path(path: str, item: Mapping[str, Any]) -> bytes:
         raise _sample_error(_where(item), e) from e
 
 
-def _sample_error(where: str, e: BaseException) -> SampleError:
+_LFS_POINTER = b"version https://git-lfs"
+
+
+def _sample_error(where: str, e: BaseException, data: bytes | None = None) -> SampleError:
     text = str(e).lower()
     if isinstance(e, FileNotFoundError):
         what = "file not found"
+    elif isinstance(e, Image.UnidentifiedImageError) and data is not None:
+        # Pillow's message names only a BytesIO's address; the first bytes say what it is
+        # (an HTML error page, a text file, a Git LFS pointer checked out in place of the image)
+        head = bytes(data[:32])
+        if head.startswith(_LFS_POINTER):
+            return SampleError(f"{where}: a Git LFS pointer ({len(data)} bytes), not the image "
+                               f"(fetch the files with git lfs pull): {head!r}")
+        return SampleError(f"{where}: not a recognised image format ({len(data)} bytes starting "
+                           f"{head!r})")
     elif isinstance(e, Image.UnidentifiedImageError):
         what = "not a recognised image format"
     elif "truncated" in text or "premature end of jpeg file" in text:

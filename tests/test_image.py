@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from conveyor import image as ci
 from conveyor.errors import SampleError
@@ -350,6 +350,24 @@ def test_broken_messages_say_what_was_wrong(tmp_path):
     for name, words in expect.items():
         with pytest.raises(SampleError, match=words):
             ci.train_transform(_item(broken[name]), rng=random.Random(0))
+
+
+@pytest.mark.parametrize("fn", ["decode", "train_transform", "eval_transform"])
+def test_a_file_that_is_no_image_is_shown_by_its_first_bytes(tmp_path, fn):
+    """Pillow's message named only a BytesIO's address; a repository cloned without git lfs has
+    a 130-byte text pointer in place of every image, and an HTML error page saved as .jpg
+    says what it is in its first bytes."""
+    pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"ab" * 32 + b"\nsize 110592\n"
+    (tmp_path / "lfs.JPEG").write_bytes(pointer)
+    with pytest.raises(SampleError, match=rf"lfs\.JPEG': a Git LFS pointer \({len(pointer)} bytes\), not the "
+                                          r"image \(fetch the files with git lfs pull\)") as info:
+        _call(fn, _item(tmp_path / "lfs.JPEG"))
+    assert isinstance(info.value.__cause__, UnidentifiedImageError)
+    (tmp_path / "page.jpg").write_bytes(b"<!DOCTYPE html><html><body>403 Forbidden</body></html>")
+    with pytest.raises(SampleError, match=r"page\.jpg': not a recognised image format \(54 bytes starting "
+                                          r"b'<!DOCTYPE html><html><body>403 F'\)$") as info:
+        _call(fn, _item(tmp_path / "page.jpg"))
+    assert "BytesIO" not in str(info.value)
 
 
 def test_broken_bytes_without_path_name_the_index(tmp_path):
