@@ -400,6 +400,16 @@ def test_sample_missing_a_field_or_with_a_bad_cls_names_shard_and_key(tmp_path: 
         _read(tmp_path / "s.tar")  # no fields required: b passes, c's cls does not
 
 
+def test_a_sample_split_by_the_tar_order_says_how_to_make_the_shard(tmp_path: Path) -> None:
+    """`tar cf shard.tar DIR` stores a folder in the file system's order: k2.cls came first and
+    the error said k2 had no .jpg, which `tar tf` lists further on."""
+    _tar(tmp_path / "s.tar", [("d/k2.cls", b"2"), ("d/k1.jpg", b"J1"), ("d/k1.cls", b"1"), ("d/k2.jpg", b"J2")])
+    with pytest.raises(SampleError, match=r"s\.tar: sample 'd/k2' at byte 0: no \.jpg member \(it has \.cls\): "
+                                          r"a sample is the members next to each other with its key; if the "
+                                          r"shard holds one further on, make the shard with tar --sort=name"):
+        _read(tmp_path / "s.tar", fields=["jpg", "cls"])
+
+
 def test_skips_are_logged_for_the_first_few_then_only_counted(tmp_path: Path, caplog) -> None:
     """The one rule for skips (conveyor.nodes._skips): read_tar logged a warning for every skipped
     sample, a screen of them per shard of samples without a .cls."""
