@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import io
 import math
+import struct
+import zlib
 from typing import Any
 
 import numpy as np
@@ -37,13 +39,27 @@ import simplejpeg
 import torch
 from PIL import Image
 
-__all__ = ["JpegError", "Picture", "mirror_into", "resize_box", "resize_whole", "scale_for"]
+__all__ = ["DATA_ERRORS", "JpegError", "Picture", "mirror_into", "resize_box", "resize_whole", "scale_for"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _SCALES = (8, 4, 2, 1)
 _HIGH_DEPTH = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 _SJ_MODES = {"RGB": "RGB", "L": "GRAY", "RGBA": "RGBA"}
 _resize_aa = torch._C._nn._upsample_bilinear2d_aa  # what F.interpolate(bilinear, antialias=True) runs
+
+
+# What Pillow raises for bad data: OSError covers missing files, UnidentifiedImageError
+# and "image file is truncated"; the rest come from plugins and codecs (a broken PNG chunk is a
+# SyntaxError). simplejpeg's refusals arrive as JpegError, a ValueError.
+DATA_ERRORS = (
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    struct.error,
+    zlib.error,
+    Image.DecompressionBombError,
+)
 
 
 class JpegError(ValueError):

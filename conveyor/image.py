@@ -55,8 +55,6 @@ import logging
 import math
 import os
 import random
-import struct
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -87,18 +85,7 @@ IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 # every extension the imagenet specs list (ImageFolder's), as conveyor pack names the members
 _BYTES_KEYS = ("bytes", "jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff")
-# What Pillow raises for bad data: OSError covers missing files, UnidentifiedImageError
-# and "image file is truncated"; the rest come from plugins and codecs. simplejpeg's
-# refusals arrive as px.JpegError, a ValueError.
-_DATA_ERRORS = (
-    OSError,
-    ValueError,
-    SyntaxError,
-    EOFError,
-    struct.error,
-    zlib.error,
-    Image.DecompressionBombError,
-)
+_DATA_ERRORS = px.DATA_ERRORS
 
 
 def decode(item: Mapping[str, Any], *, mode: str = "RGB") -> dict[str, Any]:

@@ -133,6 +133,28 @@ def test_pack_resize_shrinks_big_images_keeps_small_ones_labels_and_counts(tmp_p
         pack(str(src), str(tmp_path / "o3"), resize=200)
 
 
+def test_pack_resize_names_an_image_pillow_refuses_with_any_data_error(tmp_path: Path) -> None:
+    """A PNG with a broken chunk is a SyntaxError in Pillow: pack --resize stopped with that bare
+    error, naming no file, where conveyor.image calls it a SampleError."""
+    import numpy as np
+    from PIL import Image
+
+    from conveyor import image as ci
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    noise = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(noise).save(buf, "PNG")
+    png = buf.getvalue()
+    second = png.index(b"IDAT", png.index(b"IDAT") + 4)  # Pillow writes 64 kB IDAT chunks
+    (tmp_path / "src" / "a" / "broken.png").write_bytes(png[:second] + b"\x00DAT" + png[second + 4:])
+    with pytest.raises(SampleError, match=r"broken\.png': cannot decode \(SyntaxError: broken PNG file"):
+        ci.decode({"path": str(tmp_path / "src" / "a" / "broken.png")})
+    with pytest.raises(SampleError, match=r"pack: .*broken\.png: cannot decode to resize it \(SyntaxError: "
+                                          r"broken PNG file"):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"), resize=200)
+
+
 def test_pack_keys_samples_by_class_folder_and_name(tmp_path: Path, caplog) -> None:
     for cls in ("a", "b"):  # the same name in every class folder, as Caltech-101 has
         (tmp_path / "src" / cls).mkdir(parents=True)
