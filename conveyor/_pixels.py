@@ -39,7 +39,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-__all__ = ["DATA_ERRORS", "JpegError", "Picture", "mirror_into", "resize_box", "resize_whole", "scale_for"]
+__all__ = ["DATA_ERRORS", "JpegError", "PillowError", "Picture", "mirror_into", "resize_box", "resize_whole", "scale_for"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _SCALES = (8, 4, 2, 1)
@@ -60,6 +60,10 @@ DATA_ERRORS = (
     zlib.error,
     Image.DecompressionBombError,
 )
+
+
+class PillowError(ValueError):
+    """Pillow refused the data with a RuntimeError (its AVIF decoder does, for corrupt data)."""
 
 
 class JpegError(ValueError):
@@ -100,7 +104,10 @@ class Picture:
                 raise JpegError(str(e)) from e
             _check_bomb(self.width, self.height)
         else:
-            self._pil = Image.open(io.BytesIO(data))
+            try:
+                self._pil = Image.open(io.BytesIO(data))
+            except RuntimeError as e:
+                raise PillowError(str(e)) from e
             self.width, self.height = self._pil.size
 
     def __enter__(self) -> Picture:
@@ -133,11 +140,14 @@ class Picture:
                 raise JpegError(str(e)) from e
             return arr, scale
         img = self._pil
-        img.load()
-        if mode == "RGB" or img.mode in _HIGH_DEPTH:
-            img = to_rgb(img)
-        if img.mode != mode:
-            img = img.convert(mode)
+        try:
+            img.load()
+            if mode == "RGB" or img.mode in _HIGH_DEPTH:
+                img = to_rgb(img)
+            if img.mode != mode:
+                img = img.convert(mode)
+        except RuntimeError as e:
+            raise PillowError(str(e)) from e
         arr = np.array(img)  # writable: torch takes no read-only arrays
         return (arr[:, :, None] if arr.ndim == 2 else arr), 1
 

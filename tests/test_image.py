@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError, features
 
 from conveyor import image as ci
 from conveyor.errors import SampleError
@@ -368,6 +368,28 @@ def test_a_file_that_is_no_image_is_shown_by_its_first_bytes(tmp_path, fn):
                                           r"b'<!DOCTYPE html><html><body>403 F'\)$") as info:
         _call(fn, _item(tmp_path / "page.jpg"))
     assert "BytesIO" not in str(info.value)
+
+
+@pytest.mark.skipif(not features.check("avif"), reason="Pillow built without AVIF")
+def test_a_corrupt_avif_is_a_sample_error_naming_it(tmp_path):
+    """Pillow's AVIF decoder raises RuntimeError for corrupt data: a bare error naming no file
+    (any file is read by its content: an AVIF saved as .jpg is one), and pack --resize stopped."""
+    from conveyor.pack import pack
+
+    buf = io.BytesIO()
+    Image.effect_noise((64, 48), 40).convert("RGB").save(buf, "AVIF")
+    data = bytearray(buf.getvalue())
+    at = data.index(b"mdat") + 4
+    data[at:at + 64] = bytes(64)  # the coded frame's first bytes
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    path = tmp_path / "src" / "a" / "web.jpg"
+    path.write_bytes(bytes(data))
+    for fn in ("decode", "train_transform", "eval_transform"):
+        with pytest.raises(SampleError, match=r"web\.jpg': cannot decode \(PillowError: ") as info:
+            _call(fn, _item(path))
+        assert isinstance(info.value.__cause__.__cause__, RuntimeError)
+    with pytest.raises(SampleError, match=r"web\.jpg: cannot decode to resize it \(RuntimeError: "):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"), resize=20)
 
 
 def test_broken_bytes_without_path_name_the_index(tmp_path):
