@@ -97,6 +97,20 @@ def test_pack_command_line(tmp_path: Path, capsys) -> None:
     assert "packed 200 samples" in capsys.readouterr().out
 
 
+def test_pack_command_line_names_a_bad_output_folder_or_shard_size(tmp_path: Path) -> None:
+    """An output path that is a file, or under one, and a --shard-size below 1kB ended the
+    command in a bare FileExistsError, NotADirectoryError or ValueError traceback."""
+    parser = argparse.ArgumentParser(prog="conveyor")
+    add_parser(parser.add_subparsers(dest="command"))
+    (tmp_path / "a-file").write_text("x")
+    for dst in (tmp_path / "a-file", tmp_path / "a-file" / "sub"):
+        with pytest.raises(ConveyorError, match=rf"pack: cannot make the output folder '{dst}' "
+                                                r"\((FileExists|NotADirectory)Error"):
+            run(parser.parse_args(["pack", str(SAMPLE), str(dst)]))
+    with pytest.raises(SystemExit, match=r"--shard-size must be at least 1kB, got '10'"):
+        run(parser.parse_args(["pack", str(SAMPLE), str(tmp_path / "o"), "--shard-size", "10"]))
+
+
 def test_pack_resize_shrinks_big_images_keeps_small_ones_labels_and_counts(tmp_path: Path) -> None:
     from PIL import Image
 
