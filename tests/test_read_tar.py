@@ -402,6 +402,22 @@ def test_shard_cut_between_samples_or_empty_is_an_error_or_a_counted_skip(shards
         _read(tmp_path / "one-zero-block.tar")
 
 
+def test_archives_joined_into_one_shard_are_an_error_not_half_the_samples(tmp_path: Path) -> None:
+    """`cat a.tar b.tar > ab.tar` puts b after a's end-of-archive marker: read_tar (as tar and
+    tarfile do by default) stopped there and the samples of b were lost without a word."""
+    _tar(tmp_path / "a.tar", [("a0.jpg", b"A"), ("a0.cls", b"0")])
+    _tar(tmp_path / "b.tar", [("b0.jpg", b"B"), ("b0.cls", b"1")])
+    a, b = (tmp_path / "a.tar").read_bytes(), (tmp_path / "b.tar").read_bytes()
+    (tmp_path / "ab.tar").write_bytes(a + b)
+    with pytest.raises(SampleError, match=rf"ab\.tar: more data at byte {len(a)}, after the end-of-archive "
+                                          r"marker at byte 2048: archives joined into one file"):
+        _read(tmp_path / "ab.tar")
+    out, node = _read(tmp_path / "ab.tar", on_error="skip")
+    assert [s["__key__"] for s in out] == ["a0"] and node.stats()["skipped_shards"] == 1
+    (tmp_path / "padded.tar").write_bytes(a + bytes(30_000))  # zeros after the marker: padding
+    assert [s["__key__"] for s in _read(tmp_path / "padded.tar")[0]] == ["a0"]
+
+
 def test_sample_counts_from_the_pack_index_are_checked(shards: Path, tmp_path: Path, caplog) -> None:
     copy = tmp_path / "train"
     copy.mkdir()

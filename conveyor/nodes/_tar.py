@@ -6,7 +6,8 @@ naming the shard and the byte offset: a header that fails its checksum, a pax ex
 whose records do not parse (a record length of 0 or ``zz`` would otherwise loop forever or
 raise a bare ``ValueError``), a member cut short, and a shard that ends without the
 end-of-archive marker (two zero blocks) — which is how a shard truncated between samples, or
-a zero-byte shard, shows itself.
+a zero-byte shard, shows itself, or one with more than zeros after that marker (a second
+archive joined on with ``cat``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from conveyor.errors import SampleError
 
 BLOCK = 512
+_PADDING = 64 << 10  # bytes after an end-of-archive marker checked to be zeros (tar pads to 10 kB)
 # the key: the path up to the base name's first dot; a base name starting with a dot (a hidden
 # file, macOS tar's ._NAME AppleDouble members) matches nothing, in a folder or not
 _KEY_EXT = re.compile(r"^((?:.*/)?[^./][^./]*)\.([^/]*)$")
@@ -108,11 +110,23 @@ class Shard:
         self.links: dict[str, str] = {}  # the returned sample's link members: field -> what it links to
 
     def _end_of_archive(self, off: int) -> None:
-        """After a zero block at ``off``: the second zero block must follow."""
+        """After a zero block at ``off``: the second zero block must follow, then only the zero
+        padding of the last record (up to ``_PADDING`` bytes of it are looked at)."""
         second = self.reader.read(BLOCK)
         if second != bytes(BLOCK):
             raise SampleError(f"{self.url}: a lone zero block at byte {off} (the end-of-archive "
                               "marker is two): the shard is truncated or corrupt")
+        at = off + 2 * BLOCK
+        while at < off + _PADDING:
+            block = self.reader.read(BLOCK)
+            if not block:
+                return
+            if block.strip(b"\0"):  # `cat a.tar b.tar`: tar itself reads b only with --ignore-zeros
+                raise SampleError(f"{self.url}: more data at byte {at}, after the end-of-archive "
+                                  f"marker at byte {off}: archives joined into one file (cat a.tar "
+                                  "b.tar)? read_tar reads one archive a shard, as tar does; write "
+                                  "the samples into one archive (tar -A joins them)")
+            at += len(block)
 
     def _compressed(self, buf: bytes, off: int) -> None:
         """A first block that is no tar header: say so if it starts a compressed stream."""

@@ -24,7 +24,8 @@ blocks per open shard (8 MB blocks, 4 ahead: 40 MB, and as much for the next sha
 
 Nothing is lost silently. A corrupt shard is a ``SampleError`` naming it and the offset: a
 header that does not parse (pax records included), a member cut short, a shard that ends
-without the end-of-archive marker (cut between samples, or zero bytes), and a shard whose
+without the end-of-archive marker (cut between samples, or zero bytes) or with data after it
+(archives joined with ``cat``, which tar also reads only in part), and a shard whose
 sample count differs from the one ``conveyor pack`` wrote in ``index.json`` beside it (read
 once per folder when there is one). With ``on_error="skip"`` the rest of such a shard is
 skipped and counted (``skipped_shards``); a gzip, bzip2, xz or zstd file is named as one (shards
