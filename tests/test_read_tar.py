@@ -462,6 +462,16 @@ def test_a_sample_split_by_the_tar_order_says_how_to_make_the_shard(tmp_path: Pa
         _read(tmp_path / "s.tar", fields=["jpg", "cls"])
 
 
+def test_a_sample_whose_names_have_several_dots_says_where_the_key_ends(tmp_path: Path) -> None:
+    """WebDataset's rule: the key ends at the first dot, so photo.2019.jpg is field 2019.jpg of
+    sample photo; the error only said there was no .jpg (it has .2019.jpg)."""
+    _tar(tmp_path / "s.tar", [("d/photo.2019.jpg", b"J"), ("d/photo.2019.cls", b"1")])
+    with pytest.raises(SampleError, match=r"sample 'd/photo' at byte 0: no \.jpg or \.png member \(it has "
+                                          r"\.2019\.cls, \.2019\.jpg\): the key is the name up to its first "
+                                          r"dot, so a \.2019\.jpg member is field '2019\.jpg'"):
+        _read(tmp_path / "s.tar", fields=["jpg;png", "cls"])
+
+
 def test_skips_are_logged_for_the_first_few_then_only_counted(tmp_path: Path, caplog) -> None:
     """The one rule for skips (conveyor.nodes._skips): read_tar logged a warning for every skipped
     sample, a screen of them per shard of samples without a .cls."""

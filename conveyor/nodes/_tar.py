@@ -64,11 +64,16 @@ def sample_problem(sample: dict[str, Any], fields: list[tuple[str, ...]],
     for alternatives in fields:
         if not any(f in sample for f in alternatives):
             have = sorted(k for k in sample if not k.startswith("__") and k != "index")
+            wanted = f"no {' or '.join('.' + f for f in alternatives)} member (it has " \
+                     f"{', '.join('.' + f for f in have) or 'none'})"
+            dotted = next((k for k in have if any(k.endswith("." + f) for f in alternatives)), None)
+            if dotted is not None:  # photo.2019.jpg: the field is 2019.jpg
+                return (f"{wanted}: the key is the name up to its first dot, so a .{dotted} member "
+                        f"is field {dotted!r}; name the members KEY.FIELD, with no other dot (as "
+                        "conveyor pack does)")
             # plain `tar cf DIR` stores a folder in the file system's order, not by name
-            return (f"no {' or '.join('.' + f for f in alternatives)} member (it has "
-                    f"{', '.join('.' + f for f in have) or 'none'}): a sample is the members next "
-                    "to each other with its key; if the shard holds one further on, make the shard "
-                    "with tar --sort=name, or conveyor pack")
+            return (f"{wanted}: a sample is the members next to each other with its key; if the "
+                    "shard holds one further on, make the shard with tar --sort=name, or conveyor pack")
     cls = sample.get("cls")
     if isinstance(cls, bytes):
         try:
