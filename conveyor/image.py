@@ -504,6 +504,7 @@ def _read_path(path: str, item: Mapping[str, Any]) -> bytes:
 
 
 _LFS_POINTER = b"version https://git-lfs"
+_HEIF_BRANDS = (b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1")
 
 
 def _sample_error(where: str, e: BaseException, data: bytes | None = None) -> SampleError:
@@ -517,6 +518,10 @@ def _sample_error(where: str, e: BaseException, data: bytes | None = None) -> Sa
         if head.startswith(_LFS_POINTER):
             return SampleError(f"{where}: a Git LFS pointer ({len(data)} bytes), not the image "
                                f"(fetch the files with git lfs pull): {head!r}")
+        if head[4:8] == b"ftyp" and head[8:12] in _HEIF_BRANDS:  # what phones take photos in
+            return SampleError(f"{where}: an HEIC/HEIF image ({head[8:12].decode()}), which Pillow "
+                               "reads only with the pillow-heif plug-in registered "
+                               "(pillow_heif.register_heif_opener()); or convert it to JPEG")
         return SampleError(f"{where}: not a recognised image format ({len(data)} bytes starting "
                            f"{head!r})")
     elif isinstance(e, Image.UnidentifiedImageError):

@@ -368,6 +368,11 @@ def test_a_file_that_is_no_image_is_shown_by_its_first_bytes(tmp_path, fn):
                                           r"b'<!DOCTYPE html><html><body>403 F'\)$") as info:
         _call(fn, _item(tmp_path / "page.jpg"))
     assert "BytesIO" not in str(info.value)
+    # an iPhone photo: an ISO box 'ftyp' with an HEIF brand (a box this short is enough to tell)
+    (tmp_path / "phone.jpg").write_bytes(b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(64))
+    with pytest.raises(SampleError, match=r"phone\.jpg': an HEIC/HEIF image \(heic\), which Pillow reads only "
+                                          r"with the pillow-heif plug-in"):
+        _call(fn, _item(tmp_path / "phone.jpg"))
 
 
 @pytest.mark.skipif(not features.check("avif"), reason="Pillow built without AVIF")
