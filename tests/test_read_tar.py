@@ -450,6 +450,8 @@ def test_sample_missing_a_field_or_with_a_bad_cls_names_shard_and_key(tmp_path: 
     assert node.stats()["skipped_samples"] == 2 and node.stats()["skipped_shards"] == 0
     with pytest.raises(SampleError, match=r"s\.tar: sample 'c' at byte 3072: cls b'abc' is not a class number"):
         _read(tmp_path / "s.tar")  # no fields required: b passes, c's cls does not
+    with pytest.raises(ValueError, match=r"fields='jpg;png' must be a list of fields, e\.g\. \['jpg;png', 'cls'\]"):
+        ReadTar(IterableWrapper([str(tmp_path / "s.tar")]), fields="jpg;png")  # each letter was a field
 
 
 def test_a_sample_split_by_the_tar_order_says_how_to_make_the_shard(tmp_path: Path) -> None:

@@ -113,6 +113,8 @@ class ReadTar(BaseNode[dict]):
             raise ValueError(f"{block_size=} must be an int >= {BLOCK}")
         if not isinstance(index_stride, int) or index_stride < 1:
             raise ValueError(f"{index_stride=} must be an int >= 1")
+        if isinstance(fields, str):  # its letters would each be a required field
+            raise ValueError(f"{fields=} must be a list of fields, e.g. [{fields!r}, 'cls']")
         self.source = source
         self.field = field
         self.block_size = block_size
