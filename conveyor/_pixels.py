@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import io
 import math
+import struct
+import zlib
 from typing import Any
 
 import numpy as np
@@ -37,13 +39,31 @@ import simplejpeg
 import torch
 from PIL import Image
 
-__all__ = ["JpegError", "Picture", "mirror_into", "resize_box", "resize_whole", "scale_for"]
+__all__ = ["DATA_ERRORS", "JpegError", "PillowError", "Picture", "mirror_into", "resize_box", "resize_whole", "scale_for"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _SCALES = (8, 4, 2, 1)
 _HIGH_DEPTH = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 _SJ_MODES = {"RGB": "RGB", "L": "GRAY", "RGBA": "RGBA"}
 _resize_aa = torch._C._nn._upsample_bilinear2d_aa  # what F.interpolate(bilinear, antialias=True) runs
+
+
+# What Pillow raises for bad data: OSError covers missing files, UnidentifiedImageError
+# and "image file is truncated"; the rest come from plugins and codecs (a broken PNG chunk is a
+# SyntaxError). simplejpeg's refusals arrive as JpegError, a ValueError.
+DATA_ERRORS = (
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    struct.error,
+    zlib.error,
+    Image.DecompressionBombError,
+)
+
+
+class PillowError(ValueError):
+    """Pillow refused the data with a RuntimeError (its AVIF decoder does, for corrupt data)."""
 
 
 class JpegError(ValueError):
@@ -84,7 +104,10 @@ class Picture:
                 raise JpegError(str(e)) from e
             _check_bomb(self.width, self.height)
         else:
-            self._pil = Image.open(io.BytesIO(data))
+            try:
+                self._pil = Image.open(io.BytesIO(data))
+            except RuntimeError as e:
+                raise PillowError(str(e)) from e
             self.width, self.height = self._pil.size
 
     def __enter__(self) -> Picture:
@@ -117,11 +140,14 @@ class Picture:
                 raise JpegError(str(e)) from e
             return arr, scale
         img = self._pil
-        img.load()
-        if mode == "RGB" or img.mode in _HIGH_DEPTH:
-            img = to_rgb(img)
-        if img.mode != mode:
-            img = img.convert(mode)
+        try:
+            img.load()
+            if mode == "RGB" or img.mode in _HIGH_DEPTH:
+                img = to_rgb(img)
+            if img.mode != mode:
+                img = img.convert(mode)
+        except RuntimeError as e:
+            raise PillowError(str(e)) from e
         arr = np.array(img)  # writable: torch takes no read-only arrays
         return (arr[:, :, None] if arr.ndim == 2 else arr), 1
 

@@ -55,8 +55,6 @@ import logging
 import math
 import os
 import random
-import struct
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -87,18 +85,7 @@ IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 # every extension the imagenet specs list (ImageFolder's), as conveyor pack names the members
 _BYTES_KEYS = ("bytes", "jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff")
-# What Pillow raises for bad data: OSError covers missing files, UnidentifiedImageError
-# and "image file is truncated"; the rest come from plugins and codecs. simplejpeg's
-# refusals arrive as px.JpegError, a ValueError.
-_DATA_ERRORS = (
-    OSError,
-    ValueError,
-    SyntaxError,
-    EOFError,
-    struct.error,
-    zlib.error,
-    Image.DecompressionBombError,
-)
+_DATA_ERRORS = px.DATA_ERRORS
 
 
 def decode(item: Mapping[str, Any], *, mode: str = "RGB") -> dict[str, Any]:
@@ -127,7 +114,7 @@ def decode(item: Mapping[str, Any], *, mode: str = "RGB") -> dict[str, Any]:
         with px.Picture(data) as pic:
             arr, _ = pic.decode(1, mode)
     except _DATA_ERRORS as e:
-        raise _sample_error(_where(item), e) from e
+        raise _sample_error(_where(item), e, data) from e
     return _result(item, _to_tensor(arr.transpose(2, 0, 1), flip=False))
 
 
@@ -202,7 +189,7 @@ def train_transform(
             direct = None if flipped or dst is None else dst.numpy()  # the resize writes there
             out, _ = _crop_resize(pic, (left, top, left + w, top + h), out_w, out_h, direct)
     except _DATA_ERRORS as e:
-        raise _sample_error(_where(item), e) from e
+        raise _sample_error(_where(item), e, data) from e
     if direct is not None and out is direct:  # written in place: nothing to copy
         return _result(item, dst)
     return _result(item, _to_tensor(out, flip=flipped, into=dst))
@@ -247,7 +234,7 @@ def eval_transform(
         with px.Picture(data) as pic:
             out = _resize_center_crop(pic, resize, out_h, out_w)
     except _DATA_ERRORS as e:
-        raise _sample_error(_where(item), e) from e
+        raise _sample_error(_where(item), e, data) from e
     return _result(item, _to_tensor(out, flip=False, into=_slot(into, out_h, out_w)))
 
 
@@ -516,10 +503,27 @@ def _read_path(path: str, item: Mapping[str, Any]) -> bytes:
         raise _sample_error(_where(item), e) from e
 
 
-def _sample_error(where: str, e: BaseException) -> SampleError:
+_LFS_POINTER = b"version https://git-lfs"
+_HEIF_BRANDS = (b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1")
+
+
+def _sample_error(where: str, e: BaseException, data: bytes | None = None) -> SampleError:
     text = str(e).lower()
     if isinstance(e, FileNotFoundError):
         what = "file not found"
+    elif isinstance(e, Image.UnidentifiedImageError) and data is not None:
+        # Pillow's message names only a BytesIO's address; the first bytes say what it is
+        # (an HTML error page, a text file, a Git LFS pointer checked out in place of the image)
+        head = bytes(data[:32])
+        if head.startswith(_LFS_POINTER):
+            return SampleError(f"{where}: a Git LFS pointer ({len(data)} bytes), not the image "
+                               f"(fetch the files with git lfs pull): {head!r}")
+        if head[4:8] == b"ftyp" and head[8:12] in _HEIF_BRANDS:  # what phones take photos in
+            return SampleError(f"{where}: an HEIC/HEIF image ({head[8:12].decode()}), which Pillow "
+                               "reads only with the pillow-heif plug-in registered "
+                               "(pillow_heif.register_heif_opener()); or convert it to JPEG")
+        return SampleError(f"{where}: not a recognised image format ({len(data)} bytes starting "
+                           f"{head!r})")
     elif isinstance(e, Image.UnidentifiedImageError):
         what = "not a recognised image format"
     elif "truncated" in text or "premature end of jpeg file" in text:

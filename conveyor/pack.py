@@ -267,7 +267,11 @@ def pack(src: str, dst: str, *, shard_size: int | str = "256MB", prefix: str = "
             fs, path = storage.resolve(url)
             fs.rm_file(path)
         if is_local(dst):
-            os.makedirs(dst, exist_ok=True)
+            try:
+                os.makedirs(dst, exist_ok=True)
+            except OSError as exc:  # a file where the folder should be, a read-only mount...
+                raise ConveyorError(f"pack: cannot make the output folder {dst!r} "
+                                    f"({type(exc).__name__}: {exc})") from exc
         tmpdir = dst if is_local(dst) else None
         writer = _ShardWriter(storage, dst, prefix, tmpdir or tempfile.gettempdir())
         t0 = time.perf_counter()
@@ -341,6 +345,8 @@ def run(args: argparse.Namespace) -> int:
         size = parse_size(args.shard_size)
     except ValueError as exc:
         raise SystemExit(f"conveyor pack: --shard-size: {exc}") from None
+    if size < 1024:
+        raise SystemExit(f"conveyor pack: --shard-size must be at least 1kB, got {args.shard_size!r}")
     if args.concurrency < 1:
         raise SystemExit("conveyor pack: --concurrency must be >= 1")
     if args.resize is not None and args.resize < 1:

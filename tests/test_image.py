@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from PIL import Image
+from PIL import Image, UnidentifiedImageError, features
 
 from conveyor import image as ci
 from conveyor.errors import SampleError
@@ -350,6 +350,51 @@ def test_broken_messages_say_what_was_wrong(tmp_path):
     for name, words in expect.items():
         with pytest.raises(SampleError, match=words):
             ci.train_transform(_item(broken[name]), rng=random.Random(0))
+
+
+@pytest.mark.parametrize("fn", ["decode", "train_transform", "eval_transform"])
+def test_a_file_that_is_no_image_is_shown_by_its_first_bytes(tmp_path, fn):
+    """Pillow's message named only a BytesIO's address; a repository cloned without git lfs has
+    a 130-byte text pointer in place of every image, and an HTML error page saved as .jpg
+    says what it is in its first bytes."""
+    pointer = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"ab" * 32 + b"\nsize 110592\n"
+    (tmp_path / "lfs.JPEG").write_bytes(pointer)
+    with pytest.raises(SampleError, match=rf"lfs\.JPEG': a Git LFS pointer \({len(pointer)} bytes\), not the "
+                                          r"image \(fetch the files with git lfs pull\)") as info:
+        _call(fn, _item(tmp_path / "lfs.JPEG"))
+    assert isinstance(info.value.__cause__, UnidentifiedImageError)
+    (tmp_path / "page.jpg").write_bytes(b"<!DOCTYPE html><html><body>403 Forbidden</body></html>")
+    with pytest.raises(SampleError, match=r"page\.jpg': not a recognised image format \(54 bytes starting "
+                                          r"b'<!DOCTYPE html><html><body>403 F'\)$") as info:
+        _call(fn, _item(tmp_path / "page.jpg"))
+    assert "BytesIO" not in str(info.value)
+    # an iPhone photo: an ISO box 'ftyp' with an HEIF brand (a box this short is enough to tell)
+    (tmp_path / "phone.jpg").write_bytes(b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic" + bytes(64))
+    with pytest.raises(SampleError, match=r"phone\.jpg': an HEIC/HEIF image \(heic\), which Pillow reads only "
+                                          r"with the pillow-heif plug-in"):
+        _call(fn, _item(tmp_path / "phone.jpg"))
+
+
+@pytest.mark.skipif(not features.check("avif"), reason="Pillow built without AVIF")
+def test_a_corrupt_avif_is_a_sample_error_naming_it(tmp_path):
+    """Pillow's AVIF decoder raises RuntimeError for corrupt data: a bare error naming no file
+    (any file is read by its content: an AVIF saved as .jpg is one), and pack --resize stopped."""
+    from conveyor.pack import pack
+
+    buf = io.BytesIO()
+    Image.effect_noise((64, 48), 40).convert("RGB").save(buf, "AVIF")
+    data = bytearray(buf.getvalue())
+    at = data.index(b"mdat") + 4
+    data[at:at + 64] = bytes(64)  # the coded frame's first bytes
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    path = tmp_path / "src" / "a" / "web.jpg"
+    path.write_bytes(bytes(data))
+    for fn in ("decode", "train_transform", "eval_transform"):
+        with pytest.raises(SampleError, match=r"web\.jpg': cannot decode \(PillowError: ") as info:
+            _call(fn, _item(path))
+        assert isinstance(info.value.__cause__.__cause__, RuntimeError)
+    with pytest.raises(SampleError, match=r"web\.jpg: cannot decode to resize it \(RuntimeError: "):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"), resize=20)
 
 
 def test_broken_bytes_without_path_name_the_index(tmp_path):

@@ -95,6 +95,19 @@ def test_worker_copies_report_their_skips(dirty: Path, write_spec, method: str) 
     assert ledger["count"] == 3 and _names(ledger["entries"]) == BAD
 
 
+def test_worker_processes_report_their_skips_as_they_meet_them(dirty: Path) -> None:
+    """imagenet-procs.yaml's copies cut whole batches and send a chunk's state with its start:
+    the ledger read from that state was a chunk behind, so after a whole epoch it lacked that
+    epoch's skips (and `conveyor run --skipped` wrote one of 3)."""
+    kw = dict(root=str(dirty), on_error="skip", batch_size=4, image_size=16, shuffle_window=5, workers=2)
+    with load_graph(ROOT / "specs/imagenet-procs.yaml", **kw) as loader:
+        for epoch in (1, 2):
+            assert sum(len(b["label"]) for b in loader) >= 52  # each copy drops its last partial batch
+            ledger = loader.skipped()
+            assert ledger["count"] >= 3 * epoch and _names(ledger["entries"]) == BAD, epoch
+            assert min(e["times"] for e in ledger["entries"]) >= epoch
+
+
 def test_the_ledger_keeps_its_first_samples_and_counts_the_rest() -> None:
     ledger = SkipLedger("decode", limit=3)
     for i in range(5):

@@ -97,6 +97,20 @@ def test_pack_command_line(tmp_path: Path, capsys) -> None:
     assert "packed 200 samples" in capsys.readouterr().out
 
 
+def test_pack_command_line_names_a_bad_output_folder_or_shard_size(tmp_path: Path) -> None:
+    """An output path that is a file, or under one, and a --shard-size below 1kB ended the
+    command in a bare FileExistsError, NotADirectoryError or ValueError traceback."""
+    parser = argparse.ArgumentParser(prog="conveyor")
+    add_parser(parser.add_subparsers(dest="command"))
+    (tmp_path / "a-file").write_text("x")
+    for dst in (tmp_path / "a-file", tmp_path / "a-file" / "sub"):
+        with pytest.raises(ConveyorError, match=rf"pack: cannot make the output folder '{dst}' "
+                                                r"\((FileExists|NotADirectory)Error"):
+            run(parser.parse_args(["pack", str(SAMPLE), str(dst)]))
+    with pytest.raises(SystemExit, match=r"--shard-size must be at least 1kB, got '10'"):
+        run(parser.parse_args(["pack", str(SAMPLE), str(tmp_path / "o"), "--shard-size", "10"]))
+
+
 def test_pack_resize_shrinks_big_images_keeps_small_ones_labels_and_counts(tmp_path: Path) -> None:
     from PIL import Image
 
@@ -131,6 +145,28 @@ def test_pack_resize_shrinks_big_images_keeps_small_ones_labels_and_counts(tmp_p
     (src / "c" / "broken.jpg").write_bytes(b"\xff\xd8 not really")
     with pytest.raises(SampleError, match=r"broken\.jpg: cannot decode to resize it"):
         pack(str(src), str(tmp_path / "o3"), resize=200)
+
+
+def test_pack_resize_names_an_image_pillow_refuses_with_any_data_error(tmp_path: Path) -> None:
+    """A PNG with a broken chunk is a SyntaxError in Pillow: pack --resize stopped with that bare
+    error, naming no file, where conveyor.image calls it a SampleError."""
+    import numpy as np
+    from PIL import Image
+
+    from conveyor import image as ci
+
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    noise = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(noise).save(buf, "PNG")
+    png = buf.getvalue()
+    second = png.index(b"IDAT", png.index(b"IDAT") + 4)  # Pillow writes 64 kB IDAT chunks
+    (tmp_path / "src" / "a" / "broken.png").write_bytes(png[:second] + b"\x00DAT" + png[second + 4:])
+    with pytest.raises(SampleError, match=r"broken\.png': cannot decode \(SyntaxError: broken PNG file"):
+        ci.decode({"path": str(tmp_path / "src" / "a" / "broken.png")})
+    with pytest.raises(SampleError, match=r"pack: .*broken\.png: cannot decode to resize it \(SyntaxError: "
+                                          r"broken PNG file"):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"), resize=200)
 
 
 def test_pack_keys_samples_by_class_folder_and_name(tmp_path: Path, caplog) -> None:
@@ -205,6 +241,63 @@ def test_read_tar_reads_long_names_pax_headers_and_skips_directories(tmp_path: P
         ("é/" + "y" * 120, ["cls", "index", "png"])]
     assert out[0]["cls"] == 7
     assert [s["index"] for s in out] == [0, 1, 1_000_000]  # records without an index: shard count
+
+
+def test_hidden_members_in_a_folder_are_not_samples(tmp_path: Path) -> None:
+    """macOS tar stores each file's extended attributes as a ._NAME member beside it: in a
+    folder its key was the folder (train/) and the run stopped at a sample with no image."""
+    _tar(tmp_path / "mac.tar", [("train/._k1.jpg", b"\x00\x05\x16\x07attrs"), ("train/k1.jpg", b"J1"),
+                                ("train/k1.cls", b"1"), ("._k2.jpg", b"attrs"), ("k2.jpg", b"J2"),
+                                ("k2.cls", b"2"), ("a.b/.c.d/._k3.jpg", b"attrs"), ("a.b/.c.d/k3.jpg", b"J3"),
+                                ("a.b/.c.d/k3.cls", b"3")])
+    out, node = _read(tmp_path / "mac.tar", fields=["jpg", "cls"])
+    assert [(s["__key__"], s["jpg"], s["cls"]) for s in out] == [
+        ("train/k1", b"J1", 1), ("k2", b"J2", 2), ("a.b/.c.d/k3", b"J3", 3)]
+
+
+def test_a_linked_member_is_an_error_naming_the_link_or_a_counted_skip(tmp_path: Path) -> None:
+    """tar (and tarfile.add) store a file whose inode was already stored as a hard link, with no
+    data: read_tar passed over links, so the sample lost its image without a word (or, with
+    fields, said it had no .jpg while `tar tf` lists one)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, data in [("k1.jpg", b"J1"), ("k1.cls", b"1"), ("k2.cls", b"2"), ("k3.jpg", b"J3"), ("k3.cls", b"3")]:
+        (src / name).write_bytes(data)
+    (src / "k2.jpg").hardlink_to(src / "k1.jpg")  # a duplicate image, deduplicated on disk
+    with tarfile.open(tmp_path / "s.tar", "w", format=tarfile.GNU_FORMAT) as tf:
+        for name in ["k1.jpg", "k1.cls", "k2.jpg", "k2.cls", "k3.jpg", "k3.cls"]:
+            tf.add(src / name, arcname=name)
+    with tarfile.open(tmp_path / "s.tar") as tf:
+        assert tf.getmember("k2.jpg").islnk()
+    for fields in (None, ["jpg", "cls"]):
+        with pytest.raises(SampleError, match=r"s\.tar: sample 'k2' at byte 2048: its \.jpg member is a "
+                                              r"hard link to 'k1\.jpg': read_tar reads regular members only"):
+            _read(tmp_path / "s.tar", fields=fields)
+    out, node = _read(tmp_path / "s.tar", fields=["jpg", "cls"], on_error="skip")
+    assert [(s["__key__"], s["jpg"], s["index"]) for s in out] == [("k1", b"J1", 0), ("k3", b"J3", 2)]
+    assert node.stats()["skipped_samples"] == 1
+    _tar(tmp_path / "sym.tar", [("a.cls", b"0")])
+    with tarfile.open(tmp_path / "sym.tar", "a") as tf:
+        info = tarfile.TarInfo("a.png")
+        info.type, info.linkname = tarfile.SYMTYPE, "../elsewhere/a.png"
+        tf.addfile(info)
+    with pytest.raises(SampleError, match=r"sample 'a' at byte 0: its \.png member is a symbolic link "
+                                          r"to '\.\./elsewhere/a\.png'"):
+        _read(tmp_path / "sym.tar")
+
+
+def test_a_compressed_shard_is_named_as_such(tmp_path: Path) -> None:
+    import bz2
+    import gzip
+    import lzma
+
+    _tar(tmp_path / "s.tar", [("a.jpg", b"J"), ("a.cls", b"0")])
+    plain = (tmp_path / "s.tar").read_bytes()
+    for name, data in [("gzip", gzip.compress(plain)), ("bzip2", bz2.compress(plain)), ("xz", lzma.compress(plain))]:
+        (tmp_path / f"s.{name}").write_bytes(data)
+        with pytest.raises(SampleError, match=rf"s\.{name}: a {name}-compressed file, not a tar archive: "
+                                              r"read_tar reads uncompressed tar shards"):
+            _read(tmp_path / f"s.{name}")
 
 
 def test_corrupt_or_missing_shard_raises_naming_it_or_is_skipped(tmp_path: Path, shards: Path) -> None:
@@ -309,6 +402,22 @@ def test_shard_cut_between_samples_or_empty_is_an_error_or_a_counted_skip(shards
         _read(tmp_path / "one-zero-block.tar")
 
 
+def test_archives_joined_into_one_shard_are_an_error_not_half_the_samples(tmp_path: Path) -> None:
+    """`cat a.tar b.tar > ab.tar` puts b after a's end-of-archive marker: read_tar (as tar and
+    tarfile do by default) stopped there and the samples of b were lost without a word."""
+    _tar(tmp_path / "a.tar", [("a0.jpg", b"A"), ("a0.cls", b"0")])
+    _tar(tmp_path / "b.tar", [("b0.jpg", b"B"), ("b0.cls", b"1")])
+    a, b = (tmp_path / "a.tar").read_bytes(), (tmp_path / "b.tar").read_bytes()
+    (tmp_path / "ab.tar").write_bytes(a + b)
+    with pytest.raises(SampleError, match=rf"ab\.tar: more data at byte {len(a)}, after the end-of-archive "
+                                          r"marker at byte 2048: archives joined into one file"):
+        _read(tmp_path / "ab.tar")
+    out, node = _read(tmp_path / "ab.tar", on_error="skip")
+    assert [s["__key__"] for s in out] == ["a0"] and node.stats()["skipped_shards"] == 1
+    (tmp_path / "padded.tar").write_bytes(a + bytes(30_000))  # zeros after the marker: padding
+    assert [s["__key__"] for s in _read(tmp_path / "padded.tar")[0]] == ["a0"]
+
+
 def test_sample_counts_from_the_pack_index_are_checked(shards: Path, tmp_path: Path, caplog) -> None:
     copy = tmp_path / "train"
     copy.mkdir()
@@ -341,6 +450,42 @@ def test_sample_missing_a_field_or_with_a_bad_cls_names_shard_and_key(tmp_path: 
     assert node.stats()["skipped_samples"] == 2 and node.stats()["skipped_shards"] == 0
     with pytest.raises(SampleError, match=r"s\.tar: sample 'c' at byte 3072: cls b'abc' is not a class number"):
         _read(tmp_path / "s.tar")  # no fields required: b passes, c's cls does not
+    with pytest.raises(ValueError, match=r"fields='jpg;png' must be a list of fields, e\.g\. \['jpg;png', 'cls'\]"):
+        ReadTar(IterableWrapper([str(tmp_path / "s.tar")]), fields="jpg;png")  # each letter was a field
+
+
+def test_a_sample_split_by_the_tar_order_says_how_to_make_the_shard(tmp_path: Path) -> None:
+    """`tar cf shard.tar DIR` stores a folder in the file system's order: k2.cls came first and
+    the error said k2 had no .jpg, which `tar tf` lists further on."""
+    _tar(tmp_path / "s.tar", [("d/k2.cls", b"2"), ("d/k1.jpg", b"J1"), ("d/k1.cls", b"1"), ("d/k2.jpg", b"J2")])
+    with pytest.raises(SampleError, match=r"s\.tar: sample 'd/k2' at byte 0: no \.jpg member \(it has \.cls\): "
+                                          r"a sample is the members next to each other with its key; if the "
+                                          r"shard holds one further on, make the shard with tar --sort=name"):
+        _read(tmp_path / "s.tar", fields=["jpg", "cls"])
+
+
+def test_a_sample_whose_names_have_several_dots_says_where_the_key_ends(tmp_path: Path) -> None:
+    """WebDataset's rule: the key ends at the first dot, so photo.2019.jpg is field 2019.jpg of
+    sample photo; the error only said there was no .jpg (it has .2019.jpg)."""
+    _tar(tmp_path / "s.tar", [("d/photo.2019.jpg", b"J"), ("d/photo.2019.cls", b"1")])
+    with pytest.raises(SampleError, match=r"sample 'd/photo' at byte 0: no \.jpg or \.png member \(it has "
+                                          r"\.2019\.cls, \.2019\.jpg\): the key is the name up to its first "
+                                          r"dot, so a \.2019\.jpg member is field '2019\.jpg'"):
+        _read(tmp_path / "s.tar", fields=["jpg;png", "cls"])
+
+
+def test_skips_are_logged_for_the_first_few_then_only_counted(tmp_path: Path, caplog) -> None:
+    """The one rule for skips (conveyor.nodes._skips): read_tar logged a warning for every skipped
+    sample, a screen of them per shard of samples without a .cls."""
+    from conveyor.nodes._skips import LOGGED_SKIPS
+
+    _tar(tmp_path / "s.tar", [(f"k{i:02d}.jpg", b"J") for i in range(3 * LOGGED_SKIPS)])
+    with caplog.at_level("WARNING", logger="conveyor.nodes.read_tar"):
+        out, node = _read(tmp_path / "s.tar", fields=["jpg", "cls"], on_error="skip")
+    assert out == [] and node.stats()["skipped_samples"] == 3 * LOGGED_SKIPS
+    assert len(node.ledger.state()["entries"]) == 3 * LOGGED_SKIPS
+    skips = [r.getMessage() for r in caplog.records if "skipped a sample" in r.getMessage()]
+    assert len(skips) == LOGGED_SKIPS and "further skips are only counted" in skips[-1]
 
 
 def test_spec_counts_a_sample_without_cls_and_decode_errors_name_shard_and_key(tmp_path: Path) -> None:

@@ -661,11 +661,13 @@ class Loader:
         if not self._started:
             return {"count": 0, "entries": []}  # nothing ran yet (and nothing is started to ask)
         # the nodes of this process are read live (their ledgers in a state are as of the point a
-        # restore would replay from); those of worker copies through the copies' state
+        # restore would replay from), and those of worker copies as the copies last reported them
         live = [c.inner.ledger.state() for c in self._c.nodes.values()
                 if getattr(c.inner, "ledger", None) is not None]
         if self._c.copied:
-            live += list(ledgers(self._rank_state()["graph"], set(self._c.copied)))
+            copies = self._copies()
+            live += (copies.copy_ledgers() if copies is not None
+                     else list(ledgers(self._rank_state()["graph"], set(self._c.copied))))
         entries, count = gather([{LEDGER_KEY: ledger} for ledger in live])
         return {"count": count, "entries": entries}
 

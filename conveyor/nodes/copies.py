@@ -44,6 +44,7 @@ from conveyor.nodes._handoff import Packer, unpack
 from conveyor.nodes._lent import MAX_SLOTS, Borrower, Lender, available
 from conveyor.nodes._parent import Parent, watch_parent
 from conveyor.nodes._pipes import PipeOut, make_pipe
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, ledgers
 from conveyor.nodes._threads import portable
 
 log = logging.getLogger(__name__)
@@ -68,13 +69,20 @@ def _tensor_bytes(item: Any) -> int:
     return total
 
 
-def _stats_of(nodes: dict[str, Any]) -> dict[str, dict]:
+def _stats_of(nodes: dict[str, Any], sent: dict[str, int] | None = None) -> dict[str, dict]:
+    """Each node's counters; with ``sent`` (skips last reported, by node), also the skip ledger
+    of each node whose count moved since (the ledger in a state is as of the chunk's start)."""
     out = {}
     for name, node in nodes.items():
         entry = {"items": getattr(node, "items", 0)}
-        own = getattr(getattr(node, "inner", node), "stats", None)
+        inner = getattr(node, "inner", node)
+        own = getattr(inner, "stats", None)
         if callable(own):
             entry.update(own())
+        ledger = getattr(inner, "ledger", None)
+        if sent is not None and isinstance(ledger, SkipLedger) and sent.get(name) != ledger.count:
+            sent[name] = ledger.count
+            entry[LEDGER_KEY] = ledger.state()
         out[name] = entry
     return out
 
@@ -185,6 +193,7 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
     a chunk (None: threads hand the items over as they are). ``deal``: what is left of an
     epoch interrupted on another world size (elastic resume), for the copy's shard."""
     epoch = key[1]
+    sent: dict[str, int] = {}  # the ledgers' counts as reported: the first chunk reports them
     try:
         for node in nodes.values():
             if hasattr(node, "items"):
@@ -239,11 +248,11 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
             continue
         if items:
             payload = pack(items) if pack else items
-            msg = (key, _ITEMS, payload, base, _stats_of(nodes))
+            msg = (key, _ITEMS, payload, base, _stats_of(nodes, sent))
             if end:  # send the items now, the end with the next round
                 _put_unless_stopped(out_q, msg, stop)
         if end:
-            msg = (key, _END, root.state_dict(), _stats_of(nodes), None)
+            msg = (key, _END, root.state_dict(), _stats_of(nodes, sent), None)
         try:
             cmd = cmd_q.get_nowait()
         except queue.Empty:
@@ -320,6 +329,7 @@ class WorkerCopies(BaseNode):
         self._done: list[bool] = []
         self._next = 0
         self._stats: list[dict] = [{} for _ in range(copies)]
+        self._ledgers: list[dict[str, dict]] = [{} for _ in range(copies)]  # per copy: node -> ledger
         self.startup_seconds: float | None = None
         self.epochs_run_ahead = 0  # epochs the workers began before they were asked
         self.waiting_for: int | None = None  # the copy whose message next() waits for now
@@ -436,6 +446,7 @@ class WorkerCopies(BaseNode):
             if msg[1] == _ERR:
                 raise msg[2]
             self._base.append(msg[2])
+            self._ledgers[w] = {ledger["node"]: ledger for ledger in ledgers(msg[2])}
         if self.startup_seconds is None:
             self.startup_seconds = time.perf_counter() - self._t_launch
 
@@ -456,7 +467,7 @@ class WorkerCopies(BaseNode):
         if kind == _END:
             self._done[w] = True
             self._base[w], self._chunk[w], self._taken[w] = msg[2], [], 0
-            self._stats[w] = msg[3] or self._stats[w]
+            self._take_stats(w, msg[3])
             return False
         _, _, payload, base, stats = msg
         self._base[w], self._taken[w] = base, 0
@@ -466,9 +477,23 @@ class WorkerCopies(BaseNode):
             self._workers[w].join(timeout=5)
             why = _death(self._workers[w]) if not self._workers[w].is_alive() else "is unreachable"
             raise RuntimeError(f"worker copy {w} {why} (while handing over a chunk: {exc})") from None
-        if stats:
-            self._stats[w] = stats
+        self._take_stats(w, stats)
         return True
+
+    def _take_stats(self, w: int, stats: dict | None) -> None:
+        """Copy ``w``'s counters as of its last message, and the ledgers it sent with them."""
+        if not stats:
+            return
+        for name, entry in stats.items():
+            ledger = entry.pop(LEDGER_KEY, None)
+            if ledger is not None:
+                self._ledgers[w][name] = ledger
+        self._stats[w] = stats
+
+    def copy_ledgers(self) -> list[dict]:
+        """The skip ledgers of the copied nodes, each copy's as of its last message (the state's
+        are as of the start of the chunk being taken, a whole epoch behind at an epoch's end)."""
+        return [ledger for per_copy in self._ledgers for ledger in per_copy.values()]
 
     def _unpack(self, w: int, payload: tuple) -> list:
         borrower = self._borrowers[w]

@@ -3,7 +3,8 @@
 A shard is a plain tar whose members are grouped by key: ``n01440764_10026.jpg`` and
 ``n01440764_10026.cls`` make one sample ``{"__key__": "n01440764_10026", "jpg": b"...",
 "cls": 0, ...}`` (the key is the member name up to the first dot of its base name, the field
-the rest, lower-cased). Shards come from the input as records with a URL under ``field``
+the rest, lower-cased; a member whose base name starts with a dot, such as macOS tar's
+``._NAME`` attribute files, is in no sample). Shards come from the input as records with a URL under ``field``
 (``list_files`` records) and are read front to back through fsspec, a few blocks ahead,
 never downloaded whole first; each block request follows the retry policy of
 ``conveyor.storage``.
@@ -23,13 +24,16 @@ blocks per open shard (8 MB blocks, 4 ahead: 40 MB, and as much for the next sha
 
 Nothing is lost silently. A corrupt shard is a ``SampleError`` naming it and the offset: a
 header that does not parse (pax records included), a member cut short, a shard that ends
-without the end-of-archive marker (cut between samples, or zero bytes), and a shard whose
+without the end-of-archive marker (cut between samples, or zero bytes) or with data after it
+(archives joined with ``cat``, which tar also reads only in part), and a shard whose
 sample count differs from the one ``conveyor pack`` wrote in ``index.json`` beside it (read
 once per folder when there is one). With ``on_error="skip"`` the rest of such a shard is
-skipped and counted (``skipped_shards``). A sample without one of the required ``fields``
-(a ``.cls`` missing, a shard cut between a sample's ``.jpg`` and ``.cls``) or with a ``cls``
-that is not a number is a ``SampleError`` naming the shard, the key and the offset, or with
-``on_error="skip"`` that sample is dropped and counted (``skipped_samples``); its ``index``
+skipped and counted (``skipped_shards``); a gzip, bzip2, xz or zstd file is named as one (shards
+are read uncompressed). A sample without one of the required ``fields``
+(a ``.cls`` missing, a shard cut between a sample's ``.jpg`` and ``.cls``), with a ``cls``
+that is not a number, or with a member that is a hard or symbolic link (``tar`` stores a file
+whose inode it has stored before as a hard link, with no data) is a ``SampleError`` naming the
+shard, the key and the offset, or with ``on_error="skip"`` that sample is dropped and counted (``skipped_samples``); its ``index``
 stays used, so the others keep theirs.
 """
 
@@ -43,7 +47,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.errors import ConveyorError, SampleError, SourceError
 from conveyor.nodes._tar import BLOCK, Shard, sample_problem
-from conveyor.nodes._skips import LEDGER_KEY, SkipLedger
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 from conveyor.storage import RetryPolicy, Storage, redact
 from conveyor.storage_errors import NOT_FOUND, classify
 
@@ -109,6 +113,8 @@ class ReadTar(BaseNode[dict]):
             raise ValueError(f"{block_size=} must be an int >= {BLOCK}")
         if not isinstance(index_stride, int) or index_stride < 1:
             raise ValueError(f"{index_stride=} must be an int >= 1")
+        if isinstance(fields, str):  # its letters would each be a required field
+            raise ValueError(f"{fields=} must be a list of fields, e.g. [{fields!r}, 'cls']")
         self.source = source
         self.field = field
         self.block_size = block_size
@@ -242,8 +248,8 @@ class ReadTar(BaseNode[dict]):
         self.skipped_shards += 1
         self.ledger.add(redact(url, self.storage.options) + " (the rest of the shard)", exc,
                         redact(str(exc), self.storage.options))
-        log.warning("%s: skipped the rest of a shard (%s)", self.where,
-                    redact(str(exc), self.storage.options))
+        log_skip(log, self.skipped_shards + self.skipped_samples,
+                 f"{self.where}: skipped the rest of a shard ({redact(str(exc), self.storage.options)})")
 
     def next(self) -> dict:
         try:
@@ -278,7 +284,7 @@ class ReadTar(BaseNode[dict]):
             sample["__url__"] = shard.url
             sample["index"] = self._shard_index * self.index_stride + self._pos
             self._pos += 1
-            problem = sample_problem(sample, self.fields)
+            problem = sample_problem(sample, self.fields, shard.links)
             if problem is None:
                 return sample
             if shard.pending is not None:  # the shard's fault (cut short, say), not the sample's
@@ -290,7 +296,8 @@ class ReadTar(BaseNode[dict]):
             self.skipped_samples += 1
             self.ledger.add(redact(f"{shard.url}#{sample['__key__']}", self.storage.options), exc,
                             redact(str(exc), self.storage.options))
-            log.warning("%s: skipped a sample (%s)", self.where, redact(str(exc), self.storage.options))
+            log_skip(log, self.skipped_shards + self.skipped_samples,
+                     f"{self.where}: skipped a sample ({redact(str(exc), self.storage.options)})")
 
     def _check_count(self, url: str, read: int) -> None:
         """At the end of a shard: as many samples as ``index.json`` says, when it says."""
