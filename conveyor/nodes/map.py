@@ -101,6 +101,11 @@ class _Failed:
         self.sample = sample  # the failed item, named for the skip ledger (_skips.sample_id)
         self.kind = kind or (type(exc).__name__ if exc is not None else "Exception")
 
+    @property
+    def message(self) -> str:
+        """What failed, without the exception's type (the ledger keeps that apart)."""
+        return str(self.exc) if self.exc is not None else self.text.removeprefix(f"{self.kind}: ")
+
     def __reduce__(self) -> tuple:
         exc = None if self.exc is None else portable(self.exc)
         if exc is not self.exc:  # it cannot travel: its text and traceback do
@@ -373,7 +378,7 @@ class Map(BaseNode):
         self.skipped += 1
         if self._slotted is not None:
             self._slotted.skipped = self.skipped
-        self.ledger.add(failed.sample, failed.kind, failed.text)
+        self.ledger.add(failed.sample, failed.kind, failed.message)
         log_skip(log, self.skipped, f"{self.where}: skipped an item ({failed.text})")
 
     def get_state(self) -> dict:
