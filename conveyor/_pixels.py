@@ -249,9 +249,9 @@ def _interpolate_shifted(hwc: np.ndarray, box: tuple[float, float, float, float]
     if lead_x is None or lead_y is None:
         return None
     (mx, ax), (my, ay) = lead_x, lead_y
-    # Pillow's window for the last output reaches x1 + scale / 2 (and a pixel of rounding)
-    bx = min(width, math.ceil(box[2] + sx / 2) + 1)
-    by = min(height, math.ceil(box[3] + sy / 2) + 1)
+    # Pillow's window for the last output reaches _reach past x1 (and a pixel of rounding)
+    bx = min(width, math.ceil(box[2] + _reach(sx)) + 1)
+    by = min(height, math.ceil(box[3] + _reach(sy)) + 1)
     if ax >= 0 and ay >= 0:
         region = np.ascontiguousarray(hwc[ay:by, ax:bx])
     else:
@@ -266,22 +266,34 @@ _LEAD_MAX = 256
 _LEAD_TOL = 1 / 64
 
 
+def _reach(scale: float) -> float:
+    """How far an edge output's window reaches past the box's edge, in input pixels: the
+    filter's support (``scale``, at least one pixel: an upscale's) less the half output pixel
+    from the edge to that output's centre."""
+    return max(scale, 1.0) - scale / 2
+
+
 def _lead(x0: float, scale: float) -> tuple[int, int] | None:
     """``(m, a)``: the fewest extra outputs ``m`` and the whole pixel ``a`` at which an input
-    starting at ``a`` puts output ``m`` at ``x0`` to within ``_LEAD_TOL`` pixel.
+    starting at ``a`` puts output ``m`` at ``x0`` to within ``_LEAD_TOL`` pixel (of the output's
+    when it is the smaller: an upscale).
 
-    ``a`` may be before the image (``< 0``) only when the first kept output's window ends
-    inside it, ``x0 - scale / 2 >= 0.5``, so that no kept output reads the padding.
+    The first kept output's window must not be cut by the input's start at ``a``: ``a`` is
+    ``_reach`` or more before ``x0`` (a downscale: any ``m`` > 0), or the image's edge. ``a``
+    may be before the image (``< 0``) only when that window ends inside it, so that no kept
+    output reads the padding.
     """
-    pad_ok = x0 - scale / 2 >= 0.5
+    reach = _reach(scale)
+    pad_ok = x0 - reach >= 0.5
+    tol = _LEAD_TOL * min(1.0, scale)
     for m in range(_LEAD_MAX + 1):
         start = x0 - m * scale
         a = round(start)
         if a < 0 and not pad_ok:
             return None
-        # m = 0 only at the image's edge: elsewhere the first outputs' windows would be
-        # clamped at a cut that Pillow does not see
-        if abs(start - a) <= _LEAD_TOL and (m > 0 or a == 0):
+        # elsewhere than at the image's edge, a cut inside the first outputs' windows would
+        # clamp them where Pillow does not
+        if abs(start - a) <= tol and (x0 - a >= reach - tol or a == 0):
             return m, a
     return None
 

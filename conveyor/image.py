@@ -369,16 +369,24 @@ def _resize_center_crop(pic: px.Picture, resize: int, out_h: int, out_w: int) ->
     Decoded at the largest DCT reduction at which the kept box is still at least the
     output. When that reduction divides the image exactly, the whole reduced image is
     resized and cut on whole pixels (torch's kernel); otherwise the box, whose edges then
-    fall between pixels, is resized directly (:func:`conveyor._pixels.resize_box`).
+    fall between pixels, is resized directly (:func:`conveyor._pixels.resize_box`), as it is
+    for an image so long and thin that all of it resized would be over ``_WHOLE_MAX`` times
+    the output.
     """
     width, height = pic.width, pic.height
     new_w, new_h, top, left = _resize_geometry(width, height, resize, out_h, out_w)
     fx, fy = width / new_w, height / new_h
     box = (left * fx, top * fy, (left + out_w) * fx, (top + out_h) * fy)
     arr, s = pic.decode(_draft_scale(box[2] - box[0], box[3] - box[1], out_w, out_h))
-    if arr.shape[1] * s == width and arr.shape[0] * s == height:
+    whole = arr.shape[1] * s == width and arr.shape[0] * s == height
+    if whole and new_w * new_h <= _WHOLE_MAX * out_w * out_h:
         return px.resize_whole(arr, new_w, new_h)[:, top : top + out_h, left : left + out_w]
     return px.resize_box(arr, tuple(v / s for v in box), out_w, out_h)
+
+
+# Resizing the whole image costs its resized area: for a strip (2x4000 pixels: 256x512000 after
+# Resize(256), 393 MB) only the kept box is resized, as when the reduction leaves fractions.
+_WHOLE_MAX = 16
 
 
 def _resize_geometry(

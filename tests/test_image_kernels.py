@@ -283,3 +283,15 @@ def test_transforms_start_no_intra_op_threads():
     t.start()
     t.join(timeout=60)
     assert seen["new"] == set()
+
+
+@pytest.mark.parametrize("w, h", [(3, 700), (900, 4), (20, 2000), (2, 4000)])
+def test_eval_of_a_long_thin_image_resizes_only_the_kept_box(w, h, monkeypatch):
+    """A 2x4000 strip through Resize(256) is 256x512000 pixels (393 MB) before the centre crop:
+    only the box is resized, with Pillow's pixels (an upscale: the box placed to within 1/64 of
+    an output pixel, its first outputs' windows not cut short)."""
+    rng = np.random.default_rng(w * h)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, format="PNG")
+    monkeypatch.setattr(ci.px, "resize_whole", lambda *a: pytest.fail("resized the whole strip"))
+    assert _eval_vs_pil(buf.getvalue()) >= 50  # noise: the hardest pixels to match
