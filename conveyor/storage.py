@@ -144,7 +144,10 @@ class LocalCache:
 
     Files are written whole then renamed into place, so that a reader never sees half a file
     (several processes may share the folder). Reading a file marks it used; when the folder
-    grows past ``max_bytes`` the least recently used files go first.
+    grows past ``max_bytes`` the least recently used files go first. A folder that cannot be
+    made is a ``SourceError`` naming it; one that cannot be written any more (a full disk, a
+    folder removed by a tmp cleaner, a read-only mount) is a warning, once, and the reads go
+    on uncached: the cache only saves requests.
     """
 
     def __init__(self, directory: str, max_bytes: int):
@@ -152,7 +155,12 @@ class LocalCache:
             raise ValueError(f"{max_bytes=} must be > 0")
         self.dir = os.path.abspath(os.path.expanduser(directory))
         self.max_bytes = max_bytes
-        os.makedirs(self.dir, exist_ok=True)
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as exc:
+            raise SourceError(f"cache folder {self.dir}: cannot make it ({exc.strerror or exc}); "
+                              "give a writable folder as cache, or leave cache out") from exc
+        self._warned = False
         self._lock = threading.Lock()
         self._total = sum(e.stat().st_size for e in os.scandir(self.dir)
                           if e.is_file() and not e.name.startswith("."))
@@ -175,9 +183,21 @@ class LocalCache:
             return
         path = self._path(key)
         tmp = os.path.join(self.dir, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:  # the data was read: serve it uncached
+            try:
+                os.remove(tmp)
+            except OSError:  # never made, or the folder is gone
+                pass
+            with self._lock:
+                warn, self._warned = not self._warned, True
+            if warn:
+                log.warning("cache folder %s cannot be written (%s); reading on without caching "
+                            "what it cannot keep", self.dir, exc.strerror or exc)
+            return
         with self._lock:
             self._total += len(data)
             if self._total > self.max_bytes:

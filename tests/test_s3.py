@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import traceback
 from pathlib import Path
 
@@ -256,3 +257,29 @@ def test_folder_markers_are_folders_not_files(s3, tmp_path: Path, caplog) -> Non
     assert index["classes"] == node.classes
     got = [(s["__key__"], s["cls"]) for s in ReadTar(ListFiles(url=f"{tmp_path}/packed/*.tar"))]
     assert got == [("a cat/1", 0), ("a cat/sub/2", 0), ("b/3", 1), ("d/4", 3)]
+
+
+def test_a_cache_that_cannot_be_written_is_a_warning_and_one_that_cannot_be_made_names_the_node(
+        s3, tmp_path: Path, caplog, capsys) -> None:
+    root = s3.upload(SAMPLE / "n01440764", "cls0")
+    cache = tmp_path / "cache"
+    node = Fetch(ListFiles(url=f"{root}/*.JPEG"), concurrency=4, cache=str(cache), cache_size="10MB")
+    first = [x["bytes"] for x in node]
+    shutil.rmtree(cache)  # a tmp cleaner took it (or the disk filled up): the reads go on
+    node.reset()
+    assert [x["bytes"] for x in node] == first
+    assert node.stats()["requests"] == 20 and node.stats()["cache_hits"] == 0
+    warned = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert len(warned) == 1 and str(cache) in warned[0], warned
+    node.close()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    spec = tmp_path / "cached.yaml"
+    spec.write_text(f'nodes:\n  files: {{op: list_files, url: "{root}/*.JPEG"}}\n'
+                    f'  fetch: {{op: fetch, cache: "{blocker}/sub"}}\noutput: fetch\n')
+    with pytest.raises(SourceError, match=r"cache folder .*a-file/sub: cannot make it") as info:
+        load_graph(spec)
+    assert any("node 'fetch' (fetch)" in note for note in info.value.__notes__)
+    assert cli_main(["run", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert "cannot make it" in err and "in node 'fetch' (fetch)" in err, err
