@@ -283,3 +283,48 @@ def test_a_cache_that_cannot_be_written_is_a_warning_and_one_that_cannot_be_made
     assert cli_main(["run", str(spec)]) == 1
     err = capsys.readouterr().err
     assert "cannot make it" in err and "in node 'fetch' (fetch)" in err, err
+
+
+def test_read_jsonl_on_s3_resumes_mid_file_and_a_failing_server_is_an_error_naming_the_file(
+        s3, tmp_path: Path) -> None:
+    import gzip
+
+    from conveyor.nodes.read_jsonl import ReadJsonl
+    from conveyor.storage import RetryPolicy
+
+    local = tmp_path / "text"
+    local.mkdir()
+    lines = [json.dumps({"text": f"line {i} " + "x" * (i % 300)}) + "\n" for i in range(3000)]
+    (local / "a.jsonl").write_text("".join(lines[:2000]))
+    (local / "b.jsonl.gz").write_bytes(gzip.compress("".join(lines[2000:]).encode()))
+    root = s3.upload(local, "text")
+    quick = RetryPolicy(attempts=3, timeout=2.0, backoff=0.01, backoff_max=0.02)
+
+    def make(where: str = root) -> ReadJsonl:
+        return ReadJsonl(ListFiles(url=f"{where}/*"), policy=quick)
+
+    def rows(node) -> list:
+        return [(r["text"], r["line"], r["index"], r["file"].rsplit("/", 1)[1]) for r in node]
+
+    node = make()
+    node.reset()
+    states, reference = [], []
+    for r in node:
+        states.append(json.loads(json.dumps(node.state_dict())))
+        reference.append((r["text"], r["line"], r["index"], r["file"].rsplit("/", 1)[1]))
+    node.close()
+    assert reference == rows(make(str(local))) and len(reference) == 3000
+    for k in (0, 1, 777, 1999, 2000, 2500, 2999):  # mid-file, at the boundary, mid-.gz
+        fresh = make()
+        fresh.reset(states[k])
+        assert rows(fresh) == reference[k + 1:], k
+        fresh.close()
+    s3.proxy(fail_rate=1.0, max_failures=1000, faults=("reset",), only="a.jsonl")
+    with pytest.raises(SampleError, match=r"text/a\.jsonl: failed after 3 attempt\(s\)") as info:
+        rows(make())
+    assert any("in read_jsonl" in note for note in info.value.__notes__), info.value.__notes__
+    s3.proxy(deny="b.jsonl")
+    node = make()
+    with pytest.raises(SourceError, match=r"text/b\.jsonl\.gz: access denied") as info:
+        node.reset(states[2000])  # reopens b.jsonl.gz
+    assert any("in read_jsonl" in note for note in info.value.__notes__)

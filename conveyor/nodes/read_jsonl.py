@@ -19,6 +19,13 @@ mark starting a file (Windows tools write one) is not part of its first line.
 Files ending in ``.gz``, ``.bz2``, ``.zst``... are decompressed on the fly (fsspec's
 ``compression="infer"``); offsets then count decompressed bytes.
 
+Remote files (``s3://``, any fsspec URL) are read through ``conveyor.storage``, front to back
+in blocks, a few ahead, each request with the retry policy: a transient failure (a 503, a
+reset, a server gone for a moment) is retried with backoff; one that outlives its attempts, or
+a missing object, is a ``SampleError`` naming the file (and the line reached), a missing
+bucket or denied access a ``SourceError``, each with the node's note, never a bare botocore
+or aiohttp traceback. A file that cannot be read to its end (a ``.gz`` cut short) says so too.
+
 The state is the input's state before the current file, whether a file is open, and the
 byte offset and line number in it. A restore re-reads that one file record from the input,
 opens the file and seeks to the offset: it never replays the file's earlier lines.
@@ -44,8 +51,9 @@ from typing import Any
 import fsspec
 from torchdata.nodes import BaseNode
 
-from conveyor.errors import SampleError
+from conveyor.errors import ConveyorError, SampleError
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
+from conveyor.storage import RetryPolicy, Storage, is_local, redact
 
 try:  # a faster parser where installed; the standard library decides about what it refuses
     from orjson import loads as _fast_loads
@@ -96,6 +104,7 @@ class ReadJsonl(BaseNode[dict]):
         encoding: the files' text encoding.
         storage_options: passed to fsspec (endpoint, credentials); never logged.
         where: text for error notes (the node and spec line).
+        policy: the retry policy of remote reads.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -115,7 +124,8 @@ class ReadJsonl(BaseNode[dict]):
 
     def __init__(self, source: BaseNode, *, format: str = "jsonl", field: str | None = "text",
                  on_error: str = "raise", encoding: str = "utf-8",
-                 storage_options: dict[str, Any] | None = None, where: str | None = None):
+                 storage_options: dict[str, Any] | None = None, where: str | None = None,
+                 policy: RetryPolicy | None = None):
         super().__init__()
         if format not in FORMATS:
             raise ValueError(f"{format=} must be one of {FORMATS}")
@@ -132,6 +142,7 @@ class ReadJsonl(BaseNode[dict]):
         self.on_error = on_error
         self.encoding = encoding
         self.storage_options = storage_options
+        self.storage = Storage(storage_options=storage_options, policy=policy)
         self.where = where or "read_jsonl"
         self.skipped = 0
         self.ledger = SkipLedger()
@@ -139,6 +150,7 @@ class ReadJsonl(BaseNode[dict]):
         self._file_state: dict | None = None  # input state before the open file's record
         self._file: dict | None = None         # the open file's record
         self._fh: Any = None
+        self._raw: Any = None  # a remote file's reader, under a decompressor
         self._offset = 0
         self._line = 0
         self._lines: list[bytes] = []  # lines of the current block, without their b"\n"
@@ -156,12 +168,18 @@ class ReadJsonl(BaseNode[dict]):
         return {"files": self.files, "skipped": self.skipped}
 
     def close(self) -> None:
+        self._close_file()
+        self.storage.close()
+
+    def _close_file(self) -> None:
         self._lines, self._li, self._tail = [], 0, b""
-        if self._fh is not None:
-            try:
-                self._fh.close()
-            finally:
-                self._fh = None
+        fh, raw, self._fh, self._raw = self._fh, self._raw, None, None
+        try:
+            if fh is not None:
+                fh.close()
+        finally:
+            if raw is not None:
+                raw.close()
 
     # ----- iteration ----------------------------------------------------------------------
     def _open(self, record: dict, offset: int, *, count: bool = True) -> None:
@@ -169,12 +187,20 @@ class ReadJsonl(BaseNode[dict]):
         if not isinstance(path, str):
             raise self._error(f"read_jsonl expects file records with a 'path' (from list_files), got {record!r}")
         try:
-            self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
+            if is_local(path):
+                self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
+            else:
+                self._fh = self._open_remote(path, offset)
             if offset:
                 self._fh.seek(offset)
-        except OSError as exc:
-            self.close()
-            raise self._error(f"read_jsonl: cannot open {path}: {exc.strerror or exc}") from exc
+        except ConveyorError as exc:  # from conveyor.storage: it names the URL
+            self._close_file()
+            exc.add_note(f"in {self.where}")
+            raise
+        except (OSError, EOFError) as exc:
+            self._close_file()
+            raise self._error(f"read_jsonl: cannot open {self._redact(path)}: "
+                              f"{self._redact(str(exc.strerror or exc))}") from exc
         self._file = record
         self._offset = offset
         self._path = path
@@ -182,9 +208,22 @@ class ReadJsonl(BaseNode[dict]):
         self._label = record.get("label", -1)
         self.files += count
 
+    def _open_remote(self, path: str, offset: int) -> Any:
+        """A remote file through ``conveyor.storage`` (retried block reads), decompressed when
+        its name says so (then the offset counts decompressed bytes: it is sought after)."""
+        from fsspec.compression import compr
+        from fsspec.utils import infer_compression
+
+        codec = infer_compression(path)
+        self._raw = self.storage.open_sequential(path, offset=0 if codec else offset)
+        return compr[codec](self._raw, mode="rb") if codec else self._raw
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self.storage_options)
+
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        self.close()
+        self._close_file()
         self._file = None
         if initial_state is None:
             self.source.reset()
@@ -204,7 +243,14 @@ class ReadJsonl(BaseNode[dict]):
 
     def _block(self) -> bool:
         """Read the next block's lines (without their b"\\n"); False at the end of the file."""
-        data = self._fh.read(BLOCK)
+        try:
+            data = self._fh.read(BLOCK)
+        except ConveyorError as exc:  # from conveyor.storage: it names the URL
+            exc.add_note(f"in {self.where}, reading {self._redact(self._path)} from line {self._line + 1}")
+            raise
+        except (OSError, EOFError) as exc:  # a .gz cut short, a disk error
+            raise self._error(f"read_jsonl: {self._redact(self._path)}: cannot read on from line "
+                              f"{self._line + 1} ({type(exc).__name__}: {self._redact(str(exc))})") from exc
         if not data:
             if not self._tail:
                 return False
@@ -232,7 +278,7 @@ class ReadJsonl(BaseNode[dict]):
                 self._open(next(self.source), 0)  # StopIteration ends the stream
                 self._line = 0
             elif not self._block():
-                self.close()
+                self._close_file()
                 self._file = None
                 self._file_state = self.source.state_dict()  # after this file's record
         out: list[dict] = []
