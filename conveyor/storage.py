@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import hashlib
+import io
 import logging
 import os
 import random
@@ -618,6 +619,12 @@ class Storage:
             return f
         return _BlockReader(self, url, offset=offset, block_size=block_size, read_ahead=read_ahead)
 
+    def open_random(self, url: str) -> "_RangeReader":
+        """A seekable, read-only file of ``url`` for formats read out of order (Parquet: the
+        footer, then column chunks): each ``read(n)`` is one ranged request with the retry
+        policy, its errors conveyor's (naming the URL)."""
+        return _RangeReader(self, url)
+
     def open_sequential_async(self, url: str, **kwargs: Any) -> cf.Future:
         """``open_sequential`` on a background thread: a future of the reader (its size and
         first blocks requested meanwhile)."""
@@ -724,3 +731,50 @@ class _BlockReader:
             fut.cancel()
         self._pending.clear()
         self._buf = memoryview(b"")
+
+
+class _RangeReader(io.RawIOBase):
+    """Random reads of a remote object: ``read(n)`` at the position is one request for those
+    bytes (``Storage.read``, retried); the size is asked once, at opening."""
+
+    def __init__(self, storage: Storage, url: str):
+        super().__init__()
+        self.url = url
+        self._st = storage
+        self.size = storage.size(url)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        if base + pos < 0:
+            raise ValueError(f"negative seek position {base + pos}")
+        self._pos = base + pos
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        data = self._st.read(self.url, self._pos, end)
+        if len(data) != end - self._pos:  # replaced since it was opened, or cut short
+            raise SampleError(f"{redact(self.url, self._st.options)}: asked for bytes {self._pos}-{end} "
+                              f"of {self.size}, got {len(data)}: the object changed or was cut short")
+        self._pos = end
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
