@@ -53,7 +53,7 @@ from fsspec.utils import glob_translate
 from conveyor.errors import SampleError, SourceError
 from conveyor.storage_errors import unknown_options
 from conveyor.storage_errors import (DENIED, NO_BUCKET, NOT_FOUND, PERMANENT, TRANSIENT, classify,  # noqa: F401
-                                     describe, redact, secret_values)
+                                     describe, no_credentials, redact, secret_values)
 
 log = logging.getLogger(__name__)
 
@@ -419,8 +419,10 @@ class Storage:
         if kind == NO_BUCKET:
             return SourceError(f"{url}: the bucket does not exist ({what})")
         if kind == DENIED:
-            return SourceError(f"{url}: access denied ({what}); check the credentials (AWS_* "
-                               "variables, ~/.aws, or storage_options in the spec)")
+            why = "no credentials to sign the request with" if no_credentials(exc) else "access denied"
+            return SourceError(f"{url}: {why} ({what}); check the credentials (AWS_* "
+                               "variables, ~/.aws, or storage_options in the spec, on every node "
+                               "that reads; anon: true for a public bucket)")
         if kind == NOT_FOUND:
             return SampleError(f"{url}: no such object ({what})")
         if kind == TRANSIENT:

@@ -183,7 +183,7 @@ def _wrapped(inner: Exception, outer: Exception) -> Exception:
 
 def test_classify() -> None:
     import aiohttp
-    from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
     cases = {
         TRANSIENT: [_client_error("SlowDown", 503), _client_error("InternalError", 500),
@@ -196,7 +196,7 @@ def test_classify() -> None:
                     FileNotFoundError("x")],
         NO_BUCKET: [_wrapped(_client_error("NoSuchBucket", 404), FileNotFoundError("b"))],
         DENIED: [_client_error("AccessDenied", 403), PermissionError("p"),
-                 _client_error("InvalidAccessKeyId", 403)],
+                 _client_error("InvalidAccessKeyId", 403), NoCredentialsError()],
         PERMANENT: [ValueError("x"), _client_error("InvalidRange", 416)],
     }
     for kind, excs in cases.items():

@@ -328,3 +328,21 @@ def test_read_jsonl_on_s3_resumes_mid_file_and_a_failing_server_is_an_error_nami
     with pytest.raises(SourceError, match=r"text/b\.jsonl\.gz: access denied") as info:
         node.reset(states[2000])  # reopens b.jsonl.gz
     assert any("in read_jsonl" in note for note in info.value.__notes__)
+
+
+def test_no_credentials_on_a_reading_node_is_a_source_error_not_every_sample_skipped(
+        s3, tmp_path: Path, monkeypatch) -> None:
+    """The listing has keys in its storage_options, the fetch has none (they are per node):
+    with on_error: skip every image was skipped as one bad sample after another."""
+    root = s3.upload(SAMPLE / "n01440764", "creds/train/n01440764")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var)
+    keys = json.dumps({"key": "testing", "secret": "testing"})
+    spec = tmp_path / "creds.yaml"
+    spec.write_text(f'nodes:\n  files: {{op: list_files, url: "{root}/*.JPEG", storage_options: {keys}}}\n'
+                    '  fetch: {op: fetch, on_error: skip, attempts: 2, backoff: 0.01}\noutput: fetch\n')
+    with load_graph(spec) as loader, pytest.raises(SourceError, match=r"n01440764_\w+\.JPEG: no credentials "
+                                                                      r"to sign the request with .*anon: true") as info:
+        list(loader)
+    assert "NoCredentialsError" in str(info.value)
+    assert any("node 'fetch' (fetch)" in note for note in info.value.__notes__)
