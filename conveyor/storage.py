@@ -6,9 +6,12 @@ transient failures of object storage (HTTP 500/503, SlowDown and other throttlin
 dropped connections, timeouts) with capped exponential backoff and jitter, counts what it did
 (``stats``), and turns the permanent failures into conveyor errors that name the URL at once:
 
-* no such bucket, access denied, bad credentials: ``SourceError`` (the whole source is unusable);
+* no such bucket, access denied, bad or no credentials: ``SourceError`` (the whole source is
+  unusable);
 * no such object, a corrupt or other permanent failure of one object: ``SampleError``;
-* a transient failure that outlived its attempts: ``SampleError`` saying how many were made.
+* a transient failure that outlived its attempts: ``SampleError`` saying how many were made,
+  but ``SourceError`` when the server could not be reached at all (connection refused, a name
+  that does not resolve): that is about the server, not one object, and is never skipped.
 
 s3fs and botocore retry on their own; for filesystems made here both are turned down to a
 single attempt (s3fs ``retries``, botocore ``total_max_attempts``) so that the policy is ours
@@ -53,7 +56,8 @@ from fsspec.utils import glob_translate
 from conveyor.errors import SampleError, SourceError
 from conveyor.storage_errors import unknown_options
 from conveyor.storage_errors import (DENIED, NO_BUCKET, NOT_FOUND, PERMANENT, TRANSIENT, classify,  # noqa: F401
-                                     describe, no_credentials, redact, secret_values)
+                                     describe, no_connection, no_credentials, redact,
+                                     secret_values)
 
 log = logging.getLogger(__name__)
 
@@ -425,6 +429,10 @@ class Storage:
                                "that reads; anon: true for a public bucket)")
         if kind == NOT_FOUND:
             return SampleError(f"{url}: no such object ({what})")
+        if kind == TRANSIENT and no_connection(exc):  # the server, not this object: never skipped
+            return SourceError(f"{url}: cannot reach the server, {attempts} attempt(s), the last with "
+                               f"{what}; check the endpoint (AWS_ENDPOINT_URL, storage_options "
+                               "endpoint_url) and that the server is up")
         if kind == TRANSIENT:
             return SampleError(f"{url}: failed after {attempts} attempt(s), the last with {what}")
         return SampleError(f"{url}: {what}")

@@ -216,6 +216,16 @@ def classify(exc: BaseException) -> str:
     return PERMANENT
 
 
+_NO_CONNECTION = frozenset({"EndpointConnectionError", "ClientConnectorError", "ClientConnectorDNSError",
+                            "ConnectionRefusedError", "gaierror"})
+
+
+def no_connection(exc: BaseException) -> bool:
+    """Whether the failure is not reaching the endpoint at all (connection refused, a host
+    name that does not resolve): about the server, never about the object asked for."""
+    return any(type(e).__name__ in _NO_CONNECTION for e in _chain(exc))
+
+
 def no_credentials(exc: BaseException) -> bool:
     """Whether the failure is botocore finding no credentials (none set, a profile without
     keys, an expired SSO token), not a server refusing the ones it was given."""

@@ -20,6 +20,7 @@ from conveyor.pack import pack
 from conveyor.storage import (DENIED, NO_BUCKET, NOT_FOUND, PERMANENT, TRANSIENT, RetryPolicy,
                               Storage, classify, redact)
 from resume_check import fingerprint
+from s3_server import MotoS3, aws_env, clear_fs_cache, upload_dir
 from s3_server import moto_server, s3  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.timeout(60)
@@ -154,6 +155,36 @@ def test_a_server_that_never_answers_gives_an_error_within_the_timeouts(s3, loos
         list(node)
     assert time.monotonic() - t0 < 4
     node.close()
+
+
+def test_a_server_gone_mid_epoch_is_a_source_error_after_the_retries_even_when_skipping(
+        tmp_path: Path, monkeypatch) -> None:
+    """Connection refused is about the server, not one object: with on_error: skip every
+    sample left in the epoch was skipped, one failed retry loop after another."""
+    server = MotoS3().start()
+    running = True
+    try:
+        bucket = server.bucket()
+        upload_dir(server.client(), SAMPLE / CLASSES[0], bucket, "gone")
+        for k, v in aws_env(server.endpoint).items():
+            monkeypatch.setenv(k, v)
+        clear_fs_cache()
+        node = Fetch(ListFiles(url=f"s3://{bucket}/gone/*.JPEG"), concurrency=2, on_error="skip", policy=QUICK)
+        next(node)
+        server.stop()
+        running = False
+        t0 = time.monotonic()
+        with pytest.raises(SourceError, match=r"gone/n01440764_\w+\.JPEG: cannot reach the server, 6 "
+                                              r"attempt\(s\).*check the endpoint") as info:
+            list(node)
+        assert time.monotonic() - t0 < 10
+        assert any("in fetch" in note for note in info.value.__notes__)
+        assert node.stats()["skipped"] == 0
+        node.close()
+    finally:
+        if running:
+            server.stop()
+        clear_fs_cache()
 
 
 def test_close_mid_epoch_cancels_reads_in_flight(s3, loose) -> None:
