@@ -602,7 +602,13 @@ class Storage:
                                and (folder_markers or not is_folder_marker(p)))
         if any(not is_folder_marker(p) for p in files):
             return [_full_url(fs, p, url) for p in files]
-        root = re.split(r"[*?\[]", url, maxsplit=1)[0].rsplit("/", 1)[0] or url
+        # the folder the pattern lists from (a URL without wildcards: that URL), never cut
+        # into its "proto://bucket" (s3://bucket named "s3:/" as what does not exist)
+        head, sep, rest = url.rpartition("://")
+        folder = re.split(r"[*?\[]", rest, maxsplit=1)[0]
+        if wild and "/" in folder:
+            folder = folder.rsplit("/", 1)[0]
+        root = head + sep + folder.rstrip("/") if folder.strip("/") else url
         try:
             exists = bool(self.call(root, "exists"))
         except SourceError:

@@ -111,6 +111,9 @@ def test_missing_bucket_and_empty_glob_fail_at_once_naming_the_url(s3) -> None:
         st.glob("s3://no-such-bucket-4c1e/x/*.tar")
     with pytest.raises(SourceError, match=rf"no file matches 's3://{s3.bucket}/empty/\*\.tar'"):
         st.glob(s3.url("empty/*.tar"))
+    for url in ("s3://no-such-bucket-4c1e", "s3://no-such-bucket-4c1e/"):  # a bucket as the root
+        with pytest.raises(SourceError, match=r"\(s3://no-such-bucket-4c1e does not exist\)"):
+            ListFiles(url=url).records()
     with pytest.raises(SourceError, match="s3://no-such-bucket-4c1e/a.jpg: the bucket does not exist"):
         st.read("s3://no-such-bucket-4c1e/a.jpg")
     assert st.stats.as_dict()["retries"] == 0
