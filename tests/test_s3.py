@@ -346,3 +346,21 @@ def test_no_credentials_on_a_reading_node_is_a_source_error_not_every_sample_ski
         list(loader)
     assert "NoCredentialsError" in str(info.value)
     assert any("node 'fetch' (fetch)" in note for note in info.value.__notes__)
+
+
+def test_the_eval_spec_on_s3_reads_through_fetch_with_retries_and_named_errors(s3) -> None:
+    """imagenet-eval.yaml had no fetch: on S3 each decode thread read its images one by one
+    through fsspec.open, and a server resetting a read was a bare botocore error from decode."""
+    val = SAMPLE.parent / "val"
+    root = s3.upload(val, "val")
+    spec, small = ROOT / "specs/imagenet-eval.yaml", {"batch_size": 16, "image_size": 32, "resize": 40}
+    local = batches(spec, root=str(val), **small)
+    with load_graph(spec, root=root, **small) as loader:
+        assert [fingerprint(b) for b in loader] == local
+        assert loader.stats()["nodes"]["fetch"]["requests"] == len(list(val.rglob("*.JPEG")))
+    victim = sorted(val.rglob("*.JPEG"))[3].name
+    s3.proxy(fail_rate=1.0, max_failures=1000, faults=("reset",), only=victim)
+    with pytest.raises(SampleError, match=rf"{victim}: failed after 2 attempt\(s\)") as info:
+        batches(spec, root=root, **small, **{"fetch.attempts": 2, "fetch.backoff": 0.01})
+    assert any("node 'fetch' (fetch)" in note for note in info.value.__notes__)
+
