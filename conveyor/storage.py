@@ -320,7 +320,11 @@ def _s3_options(options: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
     config = {"connect_timeout": min(policy.timeout, 10.0), "read_timeout": policy.timeout,
               "retries": {"total_max_attempts": 1}, "max_pool_connections": 128}
     config.update(options.get("config_kwargs") or {})
-    return {**options, "config_kwargs": config, "max_concurrency": options.get("max_concurrency", 1)}
+    # no listings cache: a listing filled it, and an object's size (read_tar's, read_parquet's
+    # first request) then came from there, stale once the object was replaced (shards packed
+    # again into the same folder); every listing here is a fresh one anyway
+    return {"use_listings_cache": False, **options, "config_kwargs": config,
+            "max_concurrency": options.get("max_concurrency", 1)}
 
 
 def filesystem(url: str, storage_options: dict[str, Any] | None = None,

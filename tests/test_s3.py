@@ -364,3 +364,23 @@ def test_the_eval_spec_on_s3_reads_through_fetch_with_retries_and_named_errors(s
         batches(spec, root=root, **small, **{"fetch.attempts": 2, "fetch.backoff": 0.01})
     assert any("node 'fetch' (fetch)" in note for note in info.value.__notes__)
 
+
+def test_a_shard_replaced_between_epochs_is_read_whole_not_at_its_old_size(s3, tmp_path: Path) -> None:
+    """The listing filled s3fs's listings cache, and read_tar's size request for the next
+    epoch was answered from it: a shard packed again under the same name was read to its old
+    length, cut short."""
+    small, big = tmp_path / "small", tmp_path / "big"
+    for out, classes in ((small, 1), (big, 2)):
+        src = tmp_path / f"src{classes}"
+        for cls in sorted(p.name for p in SAMPLE.iterdir())[:classes]:
+            shutil.copytree(SAMPLE / cls, src / cls)
+        pack(str(src), str(out), shard_size="100MB")
+    s3.client.put_object(Bucket=s3.bucket, Key="swap/shard-000000.tar",
+                         Body=(small / "shard-000000.tar").read_bytes())
+    node = ReadTar(ListFiles(url=s3.url("swap/*.tar")))
+    assert len(list(node)) == 20
+    s3.client.put_object(Bucket=s3.bucket, Key="swap/shard-000000.tar",
+                         Body=(big / "shard-000000.tar").read_bytes())
+    node.reset()  # the next epoch, same listing
+    assert [s["__key__"] for s in node] == [s["__key__"] for s in ReadTar(ListFiles(url=f"{big}/*.tar"))]
+    node.close()
