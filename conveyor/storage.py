@@ -667,6 +667,25 @@ class Storage:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
+_SHARED: dict[int, Storage] = {}  # per process (a Storage's filesystems do not cross a fork)
+_SHARED_LOCK = threading.Lock()
+
+
+def read_url(url: str) -> bytes:
+    """The bytes of the remote ``url`` through one ``Storage`` of this process: credentials and
+    endpoint from the environment (AWS_* variables, ~/.aws), the default retry policy, errors
+    as ``Storage`` raises them (``SampleError`` naming the URL; ``SourceError`` for a missing
+    bucket, denied access, no credentials, a server out of reach). For map functions handed a
+    path and no ``storage_options`` (``conveyor.image``, ``conveyor.files``)."""
+    pid = os.getpid()
+    with _SHARED_LOCK:
+        storage = _SHARED.get(pid)
+        if storage is None:
+            _SHARED.clear()
+            storage = _SHARED[pid] = Storage()
+    return storage.read(url)
+
+
 class _BlockReader:
     """Sequential reads of a remote object in aligned blocks, the next ones read ahead.
 

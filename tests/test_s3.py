@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+import torch
 
 from torchdata.nodes import IterableWrapper
 
@@ -384,3 +385,26 @@ def test_a_shard_replaced_between_epochs_is_read_whole_not_at_its_old_size(s3, t
     node.reset()  # the next epoch, same listing
     assert [s["__key__"] for s in node] == [s["__key__"] for s in ReadTar(ListFiles(url=f"{big}/*.tar"))]
     node.close()
+
+
+def test_map_functions_read_remote_paths_with_the_retry_policy_and_its_errors(s3) -> None:
+    """conveyor.files and conveyor.image read s3:// paths themselves when no fetch is in front:
+    through fsspec.open a denied object was one more bad sample (skipped with on_error: skip)
+    and a server out of reach a bare botocore error."""
+    from conveyor.image import eval_transform
+
+    numbers = ROOT / "examples/data/numbers"
+    root = s3.upload(numbers, "numbers")
+    spec = ROOT / "specs/numbers.yaml"
+    assert batches(spec, root=root) == batches(spec, root=str(numbers))
+    s3.proxy(deny="/numbers/odd/003.txt")
+    with pytest.raises(SourceError, match=r"numbers/odd/003\.txt: access denied"):
+        batches(spec, root=root, **{"parse.on_error": "skip"})
+    image = sorted((SAMPLE / "n01440764").iterdir())[0]
+    url = s3.upload(SAMPLE / "n01440764", "images") + "/" + image.name
+    want = eval_transform({"path": str(image), "label": 0, "index": 0}, size=32, resize=40)
+    assert torch.equal(eval_transform({"path": url, "label": 0, "index": 0}, size=32, resize=40)["image"],
+                       want["image"])
+    s3.proxy(deny=image.name)
+    with pytest.raises(SourceError, match=rf"{image.name}: access denied"):
+        eval_transform({"path": url, "label": 0, "index": 0}, size=32, resize=40)
