@@ -178,10 +178,13 @@ class LocalCache:
         try:
             with open(path, "rb") as f:
                 data = f.read()
-            os.utime(path)
-            return data
         except OSError:  # not cached, or evicted meanwhile
             return None
+        try:
+            os.utime(path)  # used: evicted last
+        except OSError:  # a read-only cache (a warmed one shared read-only), or evicted since
+            pass
+        return data
 
     def put(self, key: str, data: bytes) -> None:
         if len(data) > self.max_bytes:

@@ -408,3 +408,22 @@ def test_map_functions_read_remote_paths_with_the_retry_policy_and_its_errors(s3
     s3.proxy(deny=image.name)
     with pytest.raises(SourceError, match=rf"{image.name}: access denied"):
         eval_transform({"path": url, "label": 0, "index": 0}, size=32, resize=40)
+
+
+def test_a_cache_that_can_be_read_but_not_marked_used_still_serves(s3, tmp_path: Path, monkeypatch) -> None:
+    """A warmed cache shared read-only: marking a file used (its mtime) fails, and every hit
+    was thrown away as a miss."""
+    root = s3.upload(SAMPLE / "n01440764", "ro")
+    cache = tmp_path / "cache"
+    warm = Fetch(ListFiles(url=f"{root}/*.JPEG"), cache=str(cache))
+    first = [x["bytes"] for x in warm]
+    warm.close()
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr("conveyor.storage.os.utime", refuse)
+    node = Fetch(ListFiles(url=f"{root}/*.JPEG"), cache=str(cache))
+    assert [x["bytes"] for x in node] == first
+    assert node.stats()["cache_hits"] == 20 and node.stats()["requests"] == 0
+    node.close()
