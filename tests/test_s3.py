@@ -289,6 +289,7 @@ def test_a_cache_that_cannot_be_written_is_a_warning_and_one_that_cannot_be_made
 def test_read_jsonl_on_s3_resumes_mid_file_and_a_failing_server_is_an_error_naming_the_file(
         s3, tmp_path: Path) -> None:
     import gzip
+    import zipfile
 
     from conveyor.nodes.read_jsonl import ReadJsonl
     from conveyor.storage import RetryPolicy
@@ -297,7 +298,9 @@ def test_read_jsonl_on_s3_resumes_mid_file_and_a_failing_server_is_an_error_nami
     local.mkdir()
     lines = [json.dumps({"text": f"line {i} " + "x" * (i % 300)}) + "\n" for i in range(3000)]
     (local / "a.jsonl").write_text("".join(lines[:2000]))
-    (local / "b.jsonl.gz").write_bytes(gzip.compress("".join(lines[2000:]).encode()))
+    (local / "b.jsonl.gz").write_bytes(gzip.compress("".join(lines[2000:2600]).encode()))
+    with zipfile.ZipFile(local / "c.jsonl.zip", "w", zipfile.ZIP_DEFLATED) as z:  # read from its end
+        z.writestr("c.jsonl", "".join(lines[2600:]))
     root = s3.upload(local, "text")
     quick = RetryPolicy(attempts=3, timeout=2.0, backoff=0.01, backoff_max=0.02)
 
@@ -315,7 +318,7 @@ def test_read_jsonl_on_s3_resumes_mid_file_and_a_failing_server_is_an_error_nami
         reference.append((r["text"], r["line"], r["index"], r["file"].rsplit("/", 1)[1]))
     node.close()
     assert reference == rows(make(str(local))) and len(reference) == 3000
-    for k in (0, 1, 777, 1999, 2000, 2500, 2999):  # mid-file, at the boundary, mid-.gz
+    for k in (0, 1, 777, 1999, 2000, 2500, 2700, 2999):  # mid-file, at the boundary, mid-.gz, mid-.zip
         fresh = make()
         fresh.reset(states[k])
         assert rows(fresh) == reference[k + 1:], k

@@ -215,7 +215,10 @@ class ReadJsonl(BaseNode[dict]):
         from fsspec.utils import infer_compression
 
         codec = infer_compression(path)
-        self._raw = self.storage.open_sequential(path, offset=0 if codec else offset)
+        if codec == "zip":  # read from its end first (the central directory): random access
+            self._raw = self.storage.open_random(path)
+        else:
+            self._raw = self.storage.open_sequential(path, offset=0 if codec else offset)
         return compr[codec](self._raw, mode="rb") if codec else self._raw
 
     def _redact(self, text: str) -> str:
