@@ -430,3 +430,19 @@ def test_a_cache_that_can_be_read_but_not_marked_used_still_serves(s3, tmp_path:
     assert [x["bytes"] for x in node] == first
     assert node.stats()["cache_hits"] == 20 and node.stats()["requests"] == 0
     node.close()
+
+
+def test_an_endpoint_without_its_scheme_is_a_source_error_saying_so(s3, monkeypatch) -> None:
+    """AWS_ENDPOINT_URL=127.0.0.1:9000 (as MinIO's docs write host:port) was a bare botocore
+    'ValueError: Invalid endpoint' naming no URL."""
+    root = s3.upload(SAMPLE / "n01440764", "scheme")
+    bare = s3.server.endpoint.removeprefix("http://")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", bare)
+    with pytest.raises(SourceError, match=rf"{root}/\*\.JPEG: cannot make a client .*Invalid endpoint.*"
+                                          r"needs its scheme"):
+        ListFiles(url=f"{root}/*.JPEG").records()
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    node = Fetch(IterableWrapper([{"path": f"{root}/x.JPEG"}]), storage_options={"endpoint_url": bare})
+    with pytest.raises(SourceError, match=r"x\.JPEG: cannot make a client .*needs its scheme"):
+        next(node)
+    node.close()
