@@ -573,7 +573,8 @@ class Storage:
         ``/`` (``is_folder_marker``), for a caller that counts folders (empty class folders).
 
         One recursive listing under the glob's fixed prefix (on S3 a flat, paginated listing:
-        one request per 1000 keys, not one per folder), matched against the pattern. Unlike
+        one request per 1000 keys, not one per folder), matched against the pattern; a pattern
+        one level below it (``root/*.tar``) lists only that folder's own entries. Unlike
         fsspec's ``glob``, a folder that fails to list is an error (retried when transient),
         never silently left out.
 
@@ -606,7 +607,13 @@ class Storage:
                 try:
                     # a listing is a request per 1000 keys: each has the socket timeouts, the
                     # whole has none (a big bucket takes long)
-                    found = self.call(root_url or url, "find", name=url, timeout=None, **kwargs)
+                    if "**" not in path and path.count("/") - root.count("/") == 1:
+                        # root/*.tar: the one folder's own entries (a delimited listing), not
+                        # every key of the tree below it (shards beside 1.28M loose images)
+                        listed = self.call(root_url or url, "ls", name=url, timeout=None, detail=True)
+                        found = {info["name"]: info for info in listed}
+                    else:
+                        found = self.call(root_url or url, "find", name=url, timeout=None, **kwargs)
                 except SampleError as exc:  # listing a folder is not about one sample
                     if exc.__cause__ is None or classify(exc.__cause__) != NOT_FOUND:
                         raise SourceError(str(exc)) from exc.__cause__

@@ -446,3 +446,22 @@ def test_an_endpoint_without_its_scheme_is_a_source_error_saying_so(s3, monkeypa
     with pytest.raises(SourceError, match=r"x\.JPEG: cannot make a client .*needs its scheme"):
         next(node)
     node.close()
+
+
+def test_shards_beside_a_big_tree_are_listed_without_listing_the_tree(s3, tmp_path: Path) -> None:
+    """url: root/*.tar listed every key below root (a request per 1000 keys) to keep the few
+    at its top: shards packed beside 1.28M loose images took minutes to list on every rank."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def put(i: int) -> None:
+        s3.client.put_object(Bucket=s3.bucket, Key=f"data/loose/c{i % 7}/{i:05d}.jpg", Body=b"x")
+
+    with ThreadPoolExecutor(16) as pool:  # 1200 keys below: two pages of a flat listing
+        list(pool.map(put, range(1200)))
+    for name in ("shard-000001.tar", "shard-000000.tar", "index.json"):
+        s3.client.put_object(Bucket=s3.bucket, Key=f"data/{name}", Body=b"x")
+    proxy = s3.proxy()
+    records = ListFiles(url=s3.url("data/*.tar")).records()
+    assert [r["path"] for r in records] == [s3.url("data/shard-000000.tar"), s3.url("data/shard-000001.tar")]
+    assert proxy.requests == 1, proxy.requests
+    assert len(ListFiles(url=s3.url("data/loose/*/*.jpg")).records()) == 1200  # deeper: as before
