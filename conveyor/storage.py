@@ -791,7 +791,11 @@ class _BlockReader:
 
 class _RangeReader(io.RawIOBase):
     """Random reads of a remote object: ``read(n)`` at the position is one request for those
-    bytes (``Storage.read``, retried); the size is asked once, at opening."""
+    bytes (``Storage.submit``, retried), or for a large read requests of ``CHUNK`` bytes at
+    once, so that no request outlasts the policy's timeout however large the read (a Parquet
+    column chunk of hundreds of MB); the size is asked once, at opening."""
+
+    CHUNK = 8 << 20
 
     def __init__(self, storage: Storage, url: str):
         super().__init__()
@@ -820,7 +824,13 @@ class _RangeReader(io.RawIOBase):
         end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
         if end <= self._pos:
             return b""
-        data = self._st.read(self.url, self._pos, end)
+        futures = [self._st.submit(self.url, s, min(s + self.CHUNK, end))
+                   for s in range(self._pos, end, self.CHUNK)]
+        try:
+            data = b"".join(f.result() for f in futures) if len(futures) > 1 else futures[0].result()
+        finally:
+            for f in futures:
+                f.cancel()
         if len(data) != end - self._pos:  # replaced since it was opened, or cut short
             raise SampleError(f"{redact(self.url, self._st.options)}: asked for bytes {self._pos}-{end} "
                               f"of {self.size}, got {len(data)}: the object changed or was cut short")

@@ -327,3 +327,21 @@ output: batch
     assert len(set(taken)) == len(taken) == 48 and not set(new) & set(taken)
     assert len(set(new)) == left and len(set(new) | set(taken)) == 200
     assert [len(r) for r in rest] == [-(-left // 3)] * 3  # equal shares (equalize pads the last)
+
+
+def test_a_large_parquet_read_from_s3_is_split_into_requests_that_each_fit_the_timeout(
+        s3, tmp_path: Path, monkeypatch) -> None:
+    """A column chunk is one read; read as one request, a chunk of hundreds of MB on a slow
+    link outlasted the per-request timeout on every attempt."""
+    from conveyor.storage import _RangeReader
+
+    monkeypatch.setattr(_RangeReader, "CHUNK", 64 << 10)
+    path = tmp_path / "wide.parquet"
+    pq.write_table(pa.table({"blob": [bytes([i % 251]) * 50_000 for i in range(20)]}), path,
+                   row_group_size=20, compression="none")
+    s3.client.put_object(Bucket=s3.bucket, Key="wide/wide.parquet", Body=path.read_bytes())
+    node = ReadParquet(ListFiles(url=s3.url("wide/*.parquet")))
+    rows = list(node)
+    assert [r["blob"] for r in rows] == pq.read_table(path).column("blob").to_pylist()
+    requests = node.storage.stats.as_dict()["requests"]
+    assert requests >= path.stat().st_size // (64 << 10), requests  # ~1 MB in 64 kB requests
