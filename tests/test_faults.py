@@ -103,9 +103,10 @@ def test_listing_is_retried_too(s3, loose) -> None:
 
 def test_missing_bucket_and_empty_glob_fail_at_once_naming_the_url(s3) -> None:
     t0 = time.monotonic()
-    with pytest.raises(SourceError, match="s3://no-such-bucket-4c1e/train"):
+    with pytest.raises(SourceError, match="s3://no-such-bucket-4c1e/train") as info:
         with load_graph(ROOT / "specs/imagenet.yaml", root="s3://no-such-bucket-4c1e/train") as loader:
             next(iter(loader))
+    assert any("node 'files' (list_files) from" in note for note in info.value.__notes__)
     st = Storage(policy=QUICK)
     with pytest.raises(SourceError, match=r"s3://no-such-bucket-4c1e/x/\*\.tar: the bucket does not exist"):
         st.glob("s3://no-such-bucket-4c1e/x/*.tar")
