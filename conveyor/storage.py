@@ -413,12 +413,15 @@ class Storage:
                     connect = getattr(fs, "connect", None)
                     if getattr(fs, "async_impl", False) and callable(connect):
                         connect()  # make the client now, outside every request's timeout
-                except (ValueError, TypeError) as exc:  # botocore's "Invalid endpoint: host:9000"
+                except Exception as exc:  # "Invalid endpoint: host:9000", ProfileNotFound...
+                    if not (isinstance(exc, (ValueError, TypeError))
+                            or type(exc).__module__.startswith(("botocore", "aiobotocore"))):
+                        raise
                     hint = (" (an endpoint URL needs its scheme: http://host:port or https://...)"
                             if "endpoint" in str(exc).lower() else "")
                     raise SourceError(f"{redact(url, self.options)}: cannot make a client to read it: "
                                       f"{describe(exc, self.options)}{hint}; check AWS_ENDPOINT_URL and "
-                                      "the other AWS_* variables, or storage_options in the spec") from exc
+                                      "the other AWS_* variables (AWS_PROFILE...), or storage_options in the spec") from exc
                 self._fs[protocol] = (fs, path)
             fs = self._fs[protocol][0]
         return fs, fs._strip_protocol(url)  # local: an absolute path

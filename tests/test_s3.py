@@ -432,9 +432,11 @@ def test_a_cache_that_can_be_read_but_not_marked_used_still_serves(s3, tmp_path:
     node.close()
 
 
-def test_an_endpoint_without_its_scheme_is_a_source_error_saying_so(s3, monkeypatch) -> None:
+def test_an_endpoint_without_its_scheme_or_a_missing_profile_is_a_source_error_saying_so(
+        s3, monkeypatch) -> None:
     """AWS_ENDPOINT_URL=127.0.0.1:9000 (as MinIO's docs write host:port) was a bare botocore
-    'ValueError: Invalid endpoint' naming no URL."""
+    'ValueError: Invalid endpoint' naming no URL, and AWS_PROFILE naming no profile a bare
+    ProfileNotFound."""
     root = s3.upload(SAMPLE / "n01440764", "scheme")
     bare = s3.server.endpoint.removeprefix("http://")
     monkeypatch.setenv("AWS_ENDPOINT_URL", bare)
@@ -446,6 +448,11 @@ def test_an_endpoint_without_its_scheme_is_a_source_error_saying_so(s3, monkeypa
     with pytest.raises(SourceError, match=r"x\.JPEG: cannot make a client .*needs its scheme"):
         next(node)
     node.close()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.server.endpoint)
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")  # a bare botocore ProfileNotFound too
+    with pytest.raises(SourceError, match=rf"{root}/\*\.JPEG: cannot make a client .*ProfileNotFound.*"
+                                          r"no-such-profile"):
+        ListFiles(url=f"{root}/*.JPEG").records()
 
 
 def test_shards_beside_a_big_tree_are_listed_without_listing_the_tree(s3, tmp_path: Path) -> None:
