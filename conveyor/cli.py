@@ -525,8 +525,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(err, file=sys.stderr)
         print(f"{len(exc.errors)} error(s) in {args.spec}", file=sys.stderr)
         return 1
-    except FileNotFoundError as exc:
+    except FileNotFoundError as exc:  # the spec file, or a SourceError (no file matches ...)
         print(f"conveyor: {exc}", file=sys.stderr)
+        for note in getattr(exc, "__notes__", ()):  # the node it came from
+            print(f"  {note}", file=sys.stderr)
         return 1
     except ConveyorError as exc:
         print(f"conveyor: {type(exc).__name__}: {exc}", file=sys.stderr)

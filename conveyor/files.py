@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import fsspec
 import torch
 
 from conveyor.errors import SampleError
+from conveyor.storage import read_url
 
 _SPLIT = re.compile(r"[,\s]+")
 
@@ -23,10 +23,9 @@ def read_bytes(item: dict[str, Any]) -> bytes:
     if item.get("bytes") is not None:
         return item["bytes"]
     path = item["path"]
+    if "://" in path and not path.startswith("file://"):  # retried, its errors naming the URL
+        return read_url(path)
     try:
-        if "://" in path and not path.startswith("file://"):
-            with fsspec.open(path, "rb") as f:
-                return f.read()
         with open(path.removeprefix("file://"), "rb") as f:
             return f.read()
     except OSError as exc:

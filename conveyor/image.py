@@ -500,13 +500,12 @@ def _read_local(path: str) -> bytes:
 
 def _read_path(path: str, item: Mapping[str, Any]) -> bytes:
     protocol, sep, rest = path.partition("://")
-    try:
-        if not sep or protocol == "file":
-            return _read_local(rest if sep else path)
-        import fsspec
+    if sep and protocol != "file":  # retried, its errors naming the URL (a denied bucket is no bad sample)
+        from conveyor.storage import read_url
 
-        with fsspec.open(path, "rb") as f:
-            return f.read()
+        return read_url(path)
+    try:
+        return _read_local(rest if sep else path)
     except OSError as e:
         raise _sample_error(_where(item), e) from e
 

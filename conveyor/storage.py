@@ -6,9 +6,12 @@ transient failures of object storage (HTTP 500/503, SlowDown and other throttlin
 dropped connections, timeouts) with capped exponential backoff and jitter, counts what it did
 (``stats``), and turns the permanent failures into conveyor errors that name the URL at once:
 
-* no such bucket, access denied, bad credentials: ``SourceError`` (the whole source is unusable);
+* no such bucket, access denied, bad or no credentials: ``SourceError`` (the whole source is
+  unusable);
 * no such object, a corrupt or other permanent failure of one object: ``SampleError``;
-* a transient failure that outlived its attempts: ``SampleError`` saying how many were made.
+* a transient failure that outlived its attempts: ``SampleError`` saying how many were made,
+  but ``SourceError`` when the server could not be reached at all (connection refused, a name
+  that does not resolve): that is about the server, not one object, and is never skipped.
 
 s3fs and botocore retry on their own; for filesystems made here both are turned down to a
 single attempt (s3fs ``retries``, botocore ``total_max_attempts``) so that the policy is ours
@@ -37,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import hashlib
+import io
 import logging
 import os
 import random
@@ -52,7 +56,8 @@ from fsspec.utils import glob_translate
 from conveyor.errors import SampleError, SourceError
 from conveyor.storage_errors import unknown_options
 from conveyor.storage_errors import (DENIED, NO_BUCKET, NOT_FOUND, PERMANENT, TRANSIENT, classify,  # noqa: F401
-                                     describe, redact, secret_values)
+                                     describe, no_connection, no_credentials, redact,
+                                     secret_values)
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +149,10 @@ class LocalCache:
 
     Files are written whole then renamed into place, so that a reader never sees half a file
     (several processes may share the folder). Reading a file marks it used; when the folder
-    grows past ``max_bytes`` the least recently used files go first.
+    grows past ``max_bytes`` the least recently used files go first. A folder that cannot be
+    made is a ``SourceError`` naming it; one that cannot be written any more (a full disk, a
+    folder removed by a tmp cleaner, a read-only mount) is a warning, once, and the reads go
+    on uncached: the cache only saves requests.
     """
 
     def __init__(self, directory: str, max_bytes: int):
@@ -152,7 +160,12 @@ class LocalCache:
             raise ValueError(f"{max_bytes=} must be > 0")
         self.dir = os.path.abspath(os.path.expanduser(directory))
         self.max_bytes = max_bytes
-        os.makedirs(self.dir, exist_ok=True)
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+        except OSError as exc:
+            raise SourceError(f"cache folder {self.dir}: cannot make it ({exc.strerror or exc}); "
+                              "give a writable folder as cache, or leave cache out") from exc
+        self._warned = False
         self._lock = threading.Lock()
         self._total = sum(e.stat().st_size for e in os.scandir(self.dir)
                           if e.is_file() and not e.name.startswith("."))
@@ -165,19 +178,34 @@ class LocalCache:
         try:
             with open(path, "rb") as f:
                 data = f.read()
-            os.utime(path)
-            return data
         except OSError:  # not cached, or evicted meanwhile
             return None
+        try:
+            os.utime(path)  # used: evicted last
+        except OSError:  # a read-only cache (a warmed one shared read-only), or evicted since
+            pass
+        return data
 
     def put(self, key: str, data: bytes) -> None:
         if len(data) > self.max_bytes:
             return
         path = self._path(key)
         tmp = os.path.join(self.dir, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:  # the data was read: serve it uncached
+            try:
+                os.remove(tmp)
+            except OSError:  # never made, or the folder is gone
+                pass
+            with self._lock:
+                warn, self._warned = not self._warned, True
+            if warn:
+                log.warning("cache folder %s cannot be written (%s); reading on without caching "
+                            "what it cannot keep", self.dir, exc.strerror or exc)
+            return
         with self._lock:
             self._total += len(data)
             if self._total > self.max_bytes:
@@ -295,7 +323,11 @@ def _s3_options(options: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
     config = {"connect_timeout": min(policy.timeout, 10.0), "read_timeout": policy.timeout,
               "retries": {"total_max_attempts": 1}, "max_pool_connections": 128}
     config.update(options.get("config_kwargs") or {})
-    return {**options, "config_kwargs": config, "max_concurrency": options.get("max_concurrency", 1)}
+    # no listings cache: a listing filled it, and an object's size (read_tar's, read_parquet's
+    # first request) then came from there, stale once the object was replaced (shards packed
+    # again into the same folder); every listing here is a fresh one anyway
+    return {"use_listings_cache": False, **options, "config_kwargs": config,
+            "max_concurrency": options.get("max_concurrency", 1)}
 
 
 def filesystem(url: str, storage_options: dict[str, Any] | None = None,
@@ -376,10 +408,20 @@ class Storage:
         protocol = protocol_of(url)
         with self._lock:
             if protocol not in self._fs:
-                fs, path = filesystem(url, self.options, self.policy)
-                connect = getattr(fs, "connect", None)
-                if getattr(fs, "async_impl", False) and callable(connect):
-                    connect()  # make the client now, outside every request's timeout
+                try:
+                    fs, path = filesystem(url, self.options, self.policy)
+                    connect = getattr(fs, "connect", None)
+                    if getattr(fs, "async_impl", False) and callable(connect):
+                        connect()  # make the client now, outside every request's timeout
+                except Exception as exc:  # "Invalid endpoint: host:9000", ProfileNotFound...
+                    if not (isinstance(exc, (ValueError, TypeError))
+                            or type(exc).__module__.startswith(("botocore", "aiobotocore"))):
+                        raise
+                    hint = (" (an endpoint URL needs its scheme: http://host:port or https://...)"
+                            if "endpoint" in str(exc).lower() else "")
+                    raise SourceError(f"{redact(url, self.options)}: cannot make a client to read it: "
+                                      f"{describe(exc, self.options)}{hint}; check AWS_ENDPOINT_URL and "
+                                      "the other AWS_* variables (AWS_PROFILE...), or storage_options in the spec") from exc
                 self._fs[protocol] = (fs, path)
             fs = self._fs[protocol][0]
         return fs, fs._strip_protocol(url)  # local: an absolute path
@@ -398,10 +440,16 @@ class Storage:
         if kind == NO_BUCKET:
             return SourceError(f"{url}: the bucket does not exist ({what})")
         if kind == DENIED:
-            return SourceError(f"{url}: access denied ({what}); check the credentials (AWS_* "
-                               "variables, ~/.aws, or storage_options in the spec)")
+            why = "no credentials to sign the request with" if no_credentials(exc) else "access denied"
+            return SourceError(f"{url}: {why} ({what}); check the credentials (AWS_* "
+                               "variables, ~/.aws, or storage_options in the spec, on every node "
+                               "that reads; anon: true for a public bucket)")
         if kind == NOT_FOUND:
             return SampleError(f"{url}: no such object ({what})")
+        if kind == TRANSIENT and no_connection(exc):  # the server, not this object: never skipped
+            return SourceError(f"{url}: cannot reach the server, {attempts} attempt(s), the last with "
+                               f"{what}; check the endpoint (AWS_ENDPOINT_URL, storage_options "
+                               "endpoint_url) and that the server is up")
         if kind == TRANSIENT:
             return SampleError(f"{url}: failed after {attempts} attempt(s), the last with {what}")
         return SampleError(f"{url}: {what}")
@@ -528,7 +576,8 @@ class Storage:
         ``/`` (``is_folder_marker``), for a caller that counts folders (empty class folders).
 
         One recursive listing under the glob's fixed prefix (on S3 a flat, paginated listing:
-        one request per 1000 keys, not one per folder), matched against the pattern. Unlike
+        one request per 1000 keys, not one per folder), matched against the pattern; a pattern
+        one level below it (``root/*.tar``) lists only that folder's own entries. Unlike
         fsspec's ``glob``, a folder that fails to list is an error (retried when transient),
         never silently left out.
 
@@ -561,7 +610,13 @@ class Storage:
                 try:
                     # a listing is a request per 1000 keys: each has the socket timeouts, the
                     # whole has none (a big bucket takes long)
-                    found = self.call(root_url or url, "find", name=url, timeout=None, **kwargs)
+                    if "**" not in path and path.count("/") - root.count("/") == 1:
+                        # root/*.tar: the one folder's own entries (a delimited listing), not
+                        # every key of the tree below it (shards beside 1.28M loose images)
+                        listed = self.call(root_url or url, "ls", name=url, timeout=None, detail=True)
+                        found = {info["name"]: info for info in listed}
+                    else:
+                        found = self.call(root_url or url, "find", name=url, timeout=None, **kwargs)
                 except SampleError as exc:  # listing a folder is not about one sample
                     if exc.__cause__ is None or classify(exc.__cause__) != NOT_FOUND:
                         raise SourceError(str(exc)) from exc.__cause__
@@ -571,7 +626,13 @@ class Storage:
                                and (folder_markers or not is_folder_marker(p)))
         if any(not is_folder_marker(p) for p in files):
             return [_full_url(fs, p, url) for p in files]
-        root = re.split(r"[*?\[]", url, maxsplit=1)[0].rsplit("/", 1)[0] or url
+        # the folder the pattern lists from (a URL without wildcards: that URL), never cut
+        # into its "proto://bucket" (s3://bucket named "s3:/" as what does not exist)
+        head, sep, rest = url.rpartition("://")
+        folder = re.split(r"[*?\[]", rest, maxsplit=1)[0]
+        if wild and "/" in folder:
+            folder = folder.rsplit("/", 1)[0]
+        root = head + sep + folder.rstrip("/") if folder.strip("/") else url
         try:
             exists = bool(self.call(root, "exists"))
         except SourceError:
@@ -598,6 +659,12 @@ class Storage:
             return f
         return _BlockReader(self, url, offset=offset, block_size=block_size, read_ahead=read_ahead)
 
+    def open_random(self, url: str) -> "_RangeReader":
+        """A seekable, read-only file of ``url`` for formats read out of order (Parquet: the
+        footer, then column chunks): each ``read(n)`` is one ranged request with the retry
+        policy, its errors conveyor's (naming the URL)."""
+        return _RangeReader(self, url)
+
     def open_sequential_async(self, url: str, **kwargs: Any) -> cf.Future:
         """``open_sequential`` on a background thread: a future of the reader (its size and
         first blocks requested meanwhile)."""
@@ -618,6 +685,25 @@ class Storage:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+_SHARED: dict[int, Storage] = {}  # per process (a Storage's filesystems do not cross a fork)
+_SHARED_LOCK = threading.Lock()
+
+
+def read_url(url: str) -> bytes:
+    """The bytes of the remote ``url`` through one ``Storage`` of this process: credentials and
+    endpoint from the environment (AWS_* variables, ~/.aws), the default retry policy, errors
+    as ``Storage`` raises them (``SampleError`` naming the URL; ``SourceError`` for a missing
+    bucket, denied access, no credentials, a server out of reach). For map functions handed a
+    path and no ``storage_options`` (``conveyor.image``, ``conveyor.files``)."""
+    pid = os.getpid()
+    with _SHARED_LOCK:
+        storage = _SHARED.get(pid)
+        if storage is None:
+            _SHARED.clear()
+            storage = _SHARED[pid] = Storage()
+    return storage.read(url)
 
 
 class _BlockReader:
@@ -704,3 +790,60 @@ class _BlockReader:
             fut.cancel()
         self._pending.clear()
         self._buf = memoryview(b"")
+
+
+class _RangeReader(io.RawIOBase):
+    """Random reads of a remote object: ``read(n)`` at the position is one request for those
+    bytes (``Storage.submit``, retried), or for a large read requests of ``CHUNK`` bytes at
+    once, so that no request outlasts the policy's timeout however large the read (a Parquet
+    column chunk of hundreds of MB); the size is asked once, at opening."""
+
+    CHUNK = 8 << 20
+
+    def __init__(self, storage: Storage, url: str):
+        super().__init__()
+        self.url = url
+        self._st = storage
+        self.size = storage.size(url)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        if base + pos < 0:
+            raise ValueError(f"negative seek position {base + pos}")
+        self._pos = base + pos
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        futures = [self._st.submit(self.url, s, min(s + self.CHUNK, end))
+                   for s in range(self._pos, end, self.CHUNK)]
+        try:
+            data = b"".join(f.result() for f in futures) if len(futures) > 1 else futures[0].result()
+        finally:
+            for f in futures:
+                f.cancel()
+        if len(data) != end - self._pos:  # replaced since it was opened, or cut short
+            raise SampleError(f"{redact(self.url, self._st.options)}: asked for bytes {self._pos}-{end} "
+                              f"of {self.size}, got {len(data)}: the object changed or was cut short")
+        self._pos = end
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)

@@ -31,6 +31,12 @@ _DENIED_CODES = frozenset({
     "ExpiredToken", "InvalidToken", "AccountProblem", "InvalidSecurity", "403", "401",
 })
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchVersion"})
+# botocore's failures to find or refresh credentials, before any request is made: the whole
+# source is unusable, as with denied access (by name: botocore is optional)
+_NO_CREDENTIALS = frozenset({
+    "NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "NoAuthTokenError",
+    "TokenRetrievalError", "UnauthorizedSSOTokenError", "SSOTokenLoadError", "UnknownCredentialError",
+})
 _SECRET_NAME = re.compile(r"secret|token|passw|credential|sas|private|(^|_)key$|^key$", re.I)
 _URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@]*):([^@/\s]+)@", re.I)
 
@@ -199,6 +205,8 @@ def classify(exc: BaseException) -> str:
         if code is not None or status is not None:
             return PERMANENT
     for e in chain:
+        if type(e).__name__ in _NO_CREDENTIALS:
+            return DENIED
         if isinstance(e, FileNotFoundError):
             return NOT_FOUND
         if isinstance(e, PermissionError):
@@ -206,6 +214,22 @@ def classify(exc: BaseException) -> str:
         if isinstance(e, _TRANSIENT_TYPES):
             return TRANSIENT
     return PERMANENT
+
+
+_NO_CONNECTION = frozenset({"EndpointConnectionError", "ClientConnectorError", "ClientConnectorDNSError",
+                            "ConnectionRefusedError", "gaierror"})
+
+
+def no_connection(exc: BaseException) -> bool:
+    """Whether the failure is not reaching the endpoint at all (connection refused, a host
+    name that does not resolve): about the server, never about the object asked for."""
+    return any(type(e).__name__ in _NO_CONNECTION for e in _chain(exc))
+
+
+def no_credentials(exc: BaseException) -> bool:
+    """Whether the failure is botocore finding no credentials (none set, a profile without
+    keys, an expired SSO token), not a server refusing the ones it was given."""
+    return any(type(e).__name__ in _NO_CREDENTIALS for e in _chain(exc))
 
 
 def describe(exc: BaseException, storage_options: dict[str, Any] | None = None) -> str:

@@ -20,6 +20,7 @@ from conveyor.pack import pack
 from conveyor.storage import (DENIED, NO_BUCKET, NOT_FOUND, PERMANENT, TRANSIENT, RetryPolicy,
                               Storage, classify, redact)
 from resume_check import fingerprint
+from s3_server import MotoS3, aws_env, clear_fs_cache, upload_dir
 from s3_server import moto_server, s3  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.timeout(60)
@@ -102,14 +103,18 @@ def test_listing_is_retried_too(s3, loose) -> None:
 
 def test_missing_bucket_and_empty_glob_fail_at_once_naming_the_url(s3) -> None:
     t0 = time.monotonic()
-    with pytest.raises(SourceError, match="s3://no-such-bucket-4c1e/train"):
+    with pytest.raises(SourceError, match="s3://no-such-bucket-4c1e/train") as info:
         with load_graph(ROOT / "specs/imagenet.yaml", root="s3://no-such-bucket-4c1e/train") as loader:
             next(iter(loader))
+    assert any("node 'files' (list_files) from" in note for note in info.value.__notes__)
     st = Storage(policy=QUICK)
     with pytest.raises(SourceError, match=r"s3://no-such-bucket-4c1e/x/\*\.tar: the bucket does not exist"):
         st.glob("s3://no-such-bucket-4c1e/x/*.tar")
     with pytest.raises(SourceError, match=rf"no file matches 's3://{s3.bucket}/empty/\*\.tar'"):
         st.glob(s3.url("empty/*.tar"))
+    for url in ("s3://no-such-bucket-4c1e", "s3://no-such-bucket-4c1e/"):  # a bucket as the root
+        with pytest.raises(SourceError, match=r"\(s3://no-such-bucket-4c1e does not exist\)"):
+            ListFiles(url=url).records()
     with pytest.raises(SourceError, match="s3://no-such-bucket-4c1e/a.jpg: the bucket does not exist"):
         st.read("s3://no-such-bucket-4c1e/a.jpg")
     assert st.stats.as_dict()["retries"] == 0
@@ -156,6 +161,36 @@ def test_a_server_that_never_answers_gives_an_error_within_the_timeouts(s3, loos
     node.close()
 
 
+def test_a_server_gone_mid_epoch_is_a_source_error_after_the_retries_even_when_skipping(
+        tmp_path: Path, monkeypatch) -> None:
+    """Connection refused is about the server, not one object: with on_error: skip every
+    sample left in the epoch was skipped, one failed retry loop after another."""
+    server = MotoS3().start()
+    running = True
+    try:
+        bucket = server.bucket()
+        upload_dir(server.client(), SAMPLE / CLASSES[0], bucket, "gone")
+        for k, v in aws_env(server.endpoint).items():
+            monkeypatch.setenv(k, v)
+        clear_fs_cache()
+        node = Fetch(ListFiles(url=f"s3://{bucket}/gone/*.JPEG"), concurrency=2, on_error="skip", policy=QUICK)
+        next(node)
+        server.stop()
+        running = False
+        t0 = time.monotonic()
+        with pytest.raises(SourceError, match=r"gone/n01440764_\w+\.JPEG: cannot reach the server, 6 "
+                                              r"attempt\(s\).*check the endpoint") as info:
+            list(node)
+        assert time.monotonic() - t0 < 10
+        assert any("in fetch" in note for note in info.value.__notes__)
+        assert node.stats()["skipped"] == 0
+        node.close()
+    finally:
+        if running:
+            server.stop()
+        clear_fs_cache()
+
+
 def test_close_mid_epoch_cancels_reads_in_flight(s3, loose) -> None:
     s3.proxy(latency=0.2)
     node = Fetch(ListFiles(url=f"{loose}/*/*.JPEG"), concurrency=16, policy=QUICK)
@@ -183,7 +218,7 @@ def _wrapped(inner: Exception, outer: Exception) -> Exception:
 
 def test_classify() -> None:
     import aiohttp
-    from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
     cases = {
         TRANSIENT: [_client_error("SlowDown", 503), _client_error("InternalError", 500),
@@ -196,7 +231,7 @@ def test_classify() -> None:
                     FileNotFoundError("x")],
         NO_BUCKET: [_wrapped(_client_error("NoSuchBucket", 404), FileNotFoundError("b"))],
         DENIED: [_client_error("AccessDenied", 403), PermissionError("p"),
-                 _client_error("InvalidAccessKeyId", 403)],
+                 _client_error("InvalidAccessKeyId", 403), NoCredentialsError()],
         PERMANENT: [ValueError("x"), _client_error("InvalidRange", 416)],
     }
     for kind, excs in cases.items():

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import traceback
 from pathlib import Path
 
 import pytest
+import torch
 
 from torchdata.nodes import IterableWrapper
 
@@ -256,3 +258,217 @@ def test_folder_markers_are_folders_not_files(s3, tmp_path: Path, caplog) -> Non
     assert index["classes"] == node.classes
     got = [(s["__key__"], s["cls"]) for s in ReadTar(ListFiles(url=f"{tmp_path}/packed/*.tar"))]
     assert got == [("a cat/1", 0), ("a cat/sub/2", 0), ("b/3", 1), ("d/4", 3)]
+
+
+def test_a_cache_that_cannot_be_written_is_a_warning_and_one_that_cannot_be_made_names_the_node(
+        s3, tmp_path: Path, caplog, capsys) -> None:
+    root = s3.upload(SAMPLE / "n01440764", "cls0")
+    cache = tmp_path / "cache"
+    node = Fetch(ListFiles(url=f"{root}/*.JPEG"), concurrency=4, cache=str(cache), cache_size="10MB")
+    first = [x["bytes"] for x in node]
+    shutil.rmtree(cache)  # a tmp cleaner took it (or the disk filled up): the reads go on
+    node.reset()
+    assert [x["bytes"] for x in node] == first
+    assert node.stats()["requests"] == 20 and node.stats()["cache_hits"] == 0
+    warned = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert len(warned) == 1 and str(cache) in warned[0], warned
+    node.close()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    spec = tmp_path / "cached.yaml"
+    spec.write_text(f'nodes:\n  files: {{op: list_files, url: "{root}/*.JPEG"}}\n'
+                    f'  fetch: {{op: fetch, cache: "{blocker}/sub"}}\noutput: fetch\n')
+    with pytest.raises(SourceError, match=r"cache folder .*a-file/sub: cannot make it") as info:
+        load_graph(spec)
+    assert any("node 'fetch' (fetch)" in note for note in info.value.__notes__)
+    assert cli_main(["run", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert "cannot make it" in err and "in node 'fetch' (fetch)" in err, err
+
+
+def test_read_jsonl_on_s3_resumes_mid_file_and_a_failing_server_is_an_error_naming_the_file(
+        s3, tmp_path: Path) -> None:
+    import gzip
+    import zipfile
+
+    from conveyor.nodes.read_jsonl import ReadJsonl
+    from conveyor.storage import RetryPolicy
+
+    local = tmp_path / "text"
+    local.mkdir()
+    lines = [json.dumps({"text": f"line {i} " + "x" * (i % 300)}) + "\n" for i in range(3000)]
+    (local / "a.jsonl").write_text("".join(lines[:2000]))
+    (local / "b.jsonl.gz").write_bytes(gzip.compress("".join(lines[2000:2600]).encode()))
+    with zipfile.ZipFile(local / "c.jsonl.zip", "w", zipfile.ZIP_DEFLATED) as z:  # read from its end
+        z.writestr("c.jsonl", "".join(lines[2600:]))
+    root = s3.upload(local, "text")
+    quick = RetryPolicy(attempts=3, timeout=2.0, backoff=0.01, backoff_max=0.02)
+
+    def make(where: str = root) -> ReadJsonl:
+        return ReadJsonl(ListFiles(url=f"{where}/*"), policy=quick)
+
+    def rows(node) -> list:
+        return [(r["text"], r["line"], r["index"], r["file"].rsplit("/", 1)[1]) for r in node]
+
+    node = make()
+    node.reset()
+    states, reference = [], []
+    for r in node:
+        states.append(json.loads(json.dumps(node.state_dict())))
+        reference.append((r["text"], r["line"], r["index"], r["file"].rsplit("/", 1)[1]))
+    node.close()
+    assert reference == rows(make(str(local))) and len(reference) == 3000
+    for k in (0, 1, 777, 1999, 2000, 2500, 2700, 2999):  # mid-file, at the boundary, mid-.gz, mid-.zip
+        fresh = make()
+        fresh.reset(states[k])
+        assert rows(fresh) == reference[k + 1:], k
+        fresh.close()
+    s3.proxy(fail_rate=1.0, max_failures=1000, faults=("reset",), only="a.jsonl")
+    with pytest.raises(SampleError, match=r"text/a\.jsonl: failed after 3 attempt\(s\)") as info:
+        rows(make())
+    assert any("in read_jsonl" in note for note in info.value.__notes__), info.value.__notes__
+    s3.proxy(deny="b.jsonl")
+    node = make()
+    with pytest.raises(SourceError, match=r"text/b\.jsonl\.gz: access denied") as info:
+        node.reset(states[2000])  # reopens b.jsonl.gz
+    assert any("in read_jsonl" in note for note in info.value.__notes__)
+
+
+def test_no_credentials_on_a_reading_node_is_a_source_error_not_every_sample_skipped(
+        s3, tmp_path: Path, monkeypatch) -> None:
+    """The listing has keys in its storage_options, the fetch has none (they are per node):
+    with on_error: skip every image was skipped as one bad sample after another."""
+    root = s3.upload(SAMPLE / "n01440764", "creds/train/n01440764")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var)
+    keys = json.dumps({"key": "testing", "secret": "testing"})
+    spec = tmp_path / "creds.yaml"
+    spec.write_text(f'nodes:\n  files: {{op: list_files, url: "{root}/*.JPEG", storage_options: {keys}}}\n'
+                    '  fetch: {op: fetch, on_error: skip, attempts: 2, backoff: 0.01}\noutput: fetch\n')
+    with load_graph(spec) as loader, pytest.raises(SourceError, match=r"n01440764_\w+\.JPEG: no credentials "
+                                                                      r"to sign the request with .*anon: true") as info:
+        list(loader)
+    assert "NoCredentialsError" in str(info.value)
+    assert any("node 'fetch' (fetch)" in note for note in info.value.__notes__)
+
+
+def test_the_eval_spec_on_s3_reads_through_fetch_with_retries_and_named_errors(s3) -> None:
+    """imagenet-eval.yaml had no fetch: on S3 each decode thread read its images one by one
+    through fsspec.open, and a server resetting a read was a bare botocore error from decode."""
+    val = SAMPLE.parent / "val"
+    root = s3.upload(val, "val")
+    spec, small = ROOT / "specs/imagenet-eval.yaml", {"batch_size": 16, "image_size": 32, "resize": 40}
+    local = batches(spec, root=str(val), **small)
+    with load_graph(spec, root=root, **small) as loader:
+        assert [fingerprint(b) for b in loader] == local
+        assert loader.stats()["nodes"]["fetch"]["requests"] == len(list(val.rglob("*.JPEG")))
+    victim = sorted(val.rglob("*.JPEG"))[3].name
+    s3.proxy(fail_rate=1.0, max_failures=1000, faults=("reset",), only=victim)
+    with pytest.raises(SampleError, match=rf"{victim}: failed after 2 attempt\(s\)") as info:
+        batches(spec, root=root, **small, **{"fetch.attempts": 2, "fetch.backoff": 0.01})
+    assert any("node 'fetch' (fetch)" in note for note in info.value.__notes__)
+
+
+def test_a_shard_replaced_between_epochs_is_read_whole_not_at_its_old_size(s3, tmp_path: Path) -> None:
+    """The listing filled s3fs's listings cache, and read_tar's size request for the next
+    epoch was answered from it: a shard packed again under the same name was read to its old
+    length, cut short."""
+    small, big = tmp_path / "small", tmp_path / "big"
+    for out, classes in ((small, 1), (big, 2)):
+        src = tmp_path / f"src{classes}"
+        for cls in sorted(p.name for p in SAMPLE.iterdir())[:classes]:
+            shutil.copytree(SAMPLE / cls, src / cls)
+        pack(str(src), str(out), shard_size="100MB")
+    s3.client.put_object(Bucket=s3.bucket, Key="swap/shard-000000.tar",
+                         Body=(small / "shard-000000.tar").read_bytes())
+    node = ReadTar(ListFiles(url=s3.url("swap/*.tar")))
+    assert len(list(node)) == 20
+    s3.client.put_object(Bucket=s3.bucket, Key="swap/shard-000000.tar",
+                         Body=(big / "shard-000000.tar").read_bytes())
+    node.reset()  # the next epoch, same listing
+    assert [s["__key__"] for s in node] == [s["__key__"] for s in ReadTar(ListFiles(url=f"{big}/*.tar"))]
+    node.close()
+
+
+def test_map_functions_read_remote_paths_with_the_retry_policy_and_its_errors(s3) -> None:
+    """conveyor.files and conveyor.image read s3:// paths themselves when no fetch is in front:
+    through fsspec.open a denied object was one more bad sample (skipped with on_error: skip)
+    and a server out of reach a bare botocore error."""
+    from conveyor.image import eval_transform
+
+    numbers = ROOT / "examples/data/numbers"
+    root = s3.upload(numbers, "numbers")
+    spec = ROOT / "specs/numbers.yaml"
+    assert batches(spec, root=root) == batches(spec, root=str(numbers))
+    s3.proxy(deny="/numbers/odd/003.txt")
+    with pytest.raises(SourceError, match=r"numbers/odd/003\.txt: access denied"):
+        batches(spec, root=root, **{"parse.on_error": "skip"})
+    image = sorted((SAMPLE / "n01440764").iterdir())[0]
+    url = s3.upload(SAMPLE / "n01440764", "images") + "/" + image.name
+    want = eval_transform({"path": str(image), "label": 0, "index": 0}, size=32, resize=40)
+    assert torch.equal(eval_transform({"path": url, "label": 0, "index": 0}, size=32, resize=40)["image"],
+                       want["image"])
+    s3.proxy(deny=image.name)
+    with pytest.raises(SourceError, match=rf"{image.name}: access denied"):
+        eval_transform({"path": url, "label": 0, "index": 0}, size=32, resize=40)
+
+
+def test_a_cache_that_can_be_read_but_not_marked_used_still_serves(s3, tmp_path: Path, monkeypatch) -> None:
+    """A warmed cache shared read-only: marking a file used (its mtime) fails, and every hit
+    was thrown away as a miss."""
+    root = s3.upload(SAMPLE / "n01440764", "ro")
+    cache = tmp_path / "cache"
+    warm = Fetch(ListFiles(url=f"{root}/*.JPEG"), cache=str(cache))
+    first = [x["bytes"] for x in warm]
+    warm.close()
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr("conveyor.storage.os.utime", refuse)
+    node = Fetch(ListFiles(url=f"{root}/*.JPEG"), cache=str(cache))
+    assert [x["bytes"] for x in node] == first
+    assert node.stats()["cache_hits"] == 20 and node.stats()["requests"] == 0
+    node.close()
+
+
+def test_an_endpoint_without_its_scheme_or_a_missing_profile_is_a_source_error_saying_so(
+        s3, monkeypatch) -> None:
+    """AWS_ENDPOINT_URL=127.0.0.1:9000 (as MinIO's docs write host:port) was a bare botocore
+    'ValueError: Invalid endpoint' naming no URL, and AWS_PROFILE naming no profile a bare
+    ProfileNotFound."""
+    root = s3.upload(SAMPLE / "n01440764", "scheme")
+    bare = s3.server.endpoint.removeprefix("http://")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", bare)
+    with pytest.raises(SourceError, match=rf"{root}/\*\.JPEG: cannot make a client .*Invalid endpoint.*"
+                                          r"needs its scheme"):
+        ListFiles(url=f"{root}/*.JPEG").records()
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    node = Fetch(IterableWrapper([{"path": f"{root}/x.JPEG"}]), storage_options={"endpoint_url": bare})
+    with pytest.raises(SourceError, match=r"x\.JPEG: cannot make a client .*needs its scheme"):
+        next(node)
+    node.close()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.server.endpoint)
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")  # a bare botocore ProfileNotFound too
+    with pytest.raises(SourceError, match=rf"{root}/\*\.JPEG: cannot make a client .*ProfileNotFound.*"
+                                          r"no-such-profile"):
+        ListFiles(url=f"{root}/*.JPEG").records()
+
+
+def test_shards_beside_a_big_tree_are_listed_without_listing_the_tree(s3, tmp_path: Path) -> None:
+    """url: root/*.tar listed every key below root (a request per 1000 keys) to keep the few
+    at its top: shards packed beside 1.28M loose images took minutes to list on every rank."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def put(i: int) -> None:
+        s3.client.put_object(Bucket=s3.bucket, Key=f"data/loose/c{i % 7}/{i:05d}.jpg", Body=b"x")
+
+    with ThreadPoolExecutor(16) as pool:  # 1200 keys below: two pages of a flat listing
+        list(pool.map(put, range(1200)))
+    for name in ("shard-000001.tar", "shard-000000.tar", "index.json"):
+        s3.client.put_object(Bucket=s3.bucket, Key=f"data/{name}", Body=b"x")
+    proxy = s3.proxy()
+    records = ListFiles(url=s3.url("data/*.tar")).records()
+    assert [r["path"] for r in records] == [s3.url("data/shard-000000.tar"), s3.url("data/shard-000001.tar")]
+    assert proxy.requests == 1, proxy.requests
+    assert len(ListFiles(url=s3.url("data/loose/*/*.jpg")).records()) == 1200  # deeper: as before

@@ -152,6 +152,41 @@ def test_parquet_from_s3_reads_the_same_rows(s3, parquet_dir: Path) -> None:
     assert remote[0]["file"].startswith("s3://")
 
 
+def test_parquet_from_s3_resumes_mid_file_and_a_failing_server_is_named_not_skipped(s3, parquet_dir) -> None:
+    from conveyor.storage import RetryPolicy
+
+    root = s3.upload(parquet_dir, "tables")
+    quick = RetryPolicy(attempts=3, timeout=2.0, backoff=0.01, backoff_max=0.02)
+
+    def make(on_error: str = "raise") -> ReadParquet:
+        return ReadParquet(ListFiles(url=root + "/*.parquet"), batch_rows=3, on_error=on_error, policy=quick)
+
+    node = make()
+    node.reset()
+    states, rows = [], []
+    for r in node:
+        states.append(json.loads(json.dumps(node.state_dict())))
+        rows.append(r)
+    node.close()
+    assert len(rows) == 35 and node.storage.stats.as_dict()["retries"] == 0
+    for k in (0, 8, 24, 30):  # mid-row-group, at a group's edge, the last file
+        fresh = make()
+        fresh.reset(states[k])
+        assert list(fresh) == rows[k + 1:], k
+        fresh.close()
+    # through a server that resets every read of c.parquet: its attempts, then the file named
+    s3.proxy(fail_rate=1.0, max_failures=1000, faults=("reset",), only="c.parquet")
+    with pytest.raises(SampleError, match=r"tables/c\.parquet.*failed after 3 attempt\(s\)") as info:
+        list(make())
+    assert any("in read_parquet" in note for note in info.value.__notes__)
+    # denied access is never one bad file to skip
+    s3.proxy(deny="c.parquet")
+    node = make(on_error="skip")
+    with pytest.raises(SourceError, match=r"tables/c\.parquet: access denied"):
+        list(node)
+    assert node.stats()["skipped_files"] == 0
+
+
 def test_table_op_spec_errors(write_spec, tmp_path: Path) -> None:
     spec = write_spec(f"""
 nodes:
@@ -315,3 +350,21 @@ output: batch
     assert len(set(taken)) == len(taken) == 48 and not set(new) & set(taken)
     assert len(set(new)) == left and len(set(new) | set(taken)) == 200
     assert [len(r) for r in rest] == [-(-left // 3)] * 3  # equal shares (equalize pads the last)
+
+
+def test_a_large_parquet_read_from_s3_is_split_into_requests_that_each_fit_the_timeout(
+        s3, tmp_path: Path, monkeypatch) -> None:
+    """A column chunk is one read; read as one request, a chunk of hundreds of MB on a slow
+    link outlasted the per-request timeout on every attempt."""
+    from conveyor.storage import _RangeReader
+
+    monkeypatch.setattr(_RangeReader, "CHUNK", 64 << 10)
+    path = tmp_path / "wide.parquet"
+    pq.write_table(pa.table({"blob": [bytes([i % 251]) * 50_000 for i in range(20)]}), path,
+                   row_group_size=20, compression="none")
+    s3.client.put_object(Bucket=s3.bucket, Key="wide/wide.parquet", Body=path.read_bytes())
+    node = ReadParquet(ListFiles(url=s3.url("wide/*.parquet")))
+    rows = list(node)
+    assert [r["blob"] for r in rows] == pq.read_table(path).column("blob").to_pylist()
+    requests = node.storage.stats.as_dict()["requests"]
+    assert requests >= path.stat().st_size // (64 << 10), requests  # ~1 MB in 64 kB requests

@@ -16,6 +16,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from conveyor.errors import ConveyorError
 from conveyor.graphs.instrument import Counted  # re-exported: compile.Counted
 from conveyor.graphs.ops import BuildContext
 from conveyor.graphs.validate import Plan
@@ -151,7 +152,11 @@ def _build(plan: Plan, names: list[str], rank: int, world: int, worker: int, wor
                            where=f"node '{name}' ({p.op.name}) from {plan.path}:{p.line}",
                            seed=plan.seed, rank=rank, world=world, worker=worker, workers=workers,
                            slab=slabs.get(name, 0))
-        node = p.op.build(p.params, [built[i] for i in p.inputs], ctx)
+        try:
+            node = p.op.build(p.params, [built[i] for i in p.inputs], ctx)
+        except ConveyorError as exc:  # a cache folder that cannot be made, say: name the node
+            exc.add_note(f"in {ctx.where}")
+            raise
         ledger = getattr(node, "ledger", None)
         if ledger is not None:  # skips are recorded under the node's name (Loader.skipped)
             ledger.node = name

@@ -108,7 +108,7 @@ def _check_list_files(p: ListFilesParams, n_inputs: int) -> list[tuple[str, str]
 def _build_list_files(p: ListFilesParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
     return ListFiles(url=p.url, label=p.label.value if p.label else None, shuffle=p.shuffle,
                      seed=ctx.seed_for(p.seed), storage_options=p.storage_options,
-                     extensions=p.extensions)
+                     extensions=p.extensions, where=ctx.where)
 
 
 class Equalize(str, enum.Enum):

@@ -11,7 +11,8 @@ decoder reads the file in its own worker thread, so one more hand-off would only
 Requests follow a ``RetryPolicy`` (see ``conveyor.storage``): transient failures are retried
 with backoff and counted in ``stats()["retries"]``; a missing object or an exhausted retry is a
 ``SampleError`` naming the URL (raised, or skipped and counted with ``on_error="skip"``); a
-missing bucket or denied access is a ``SourceError``, always raised.
+missing bucket, denied access, no credentials or a server that cannot be reached at all is a
+``SourceError``, always raised.
 
 The state is the input's state just before the first record not yet emitted, and the count
 of records emitted this epoch: what is in flight at a save is simply read again after a

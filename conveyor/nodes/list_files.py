@@ -197,6 +197,8 @@ class ListFiles(BaseNode[dict]):
         shuffle: permute the listing each epoch, seeded by (seed, epoch).
         seed: the shuffle's seed.
         storage_options: passed to fsspec (endpoint, credentials); never logged.
+        where: text for error notes (the node and spec line): a listing that fails (no such
+            bucket, no credentials, nothing matches) names the node it was for.
 
     Example:
         >>> node = ListFiles(url="examples/data/numbers/*.txt")
@@ -210,7 +212,8 @@ class ListFiles(BaseNode[dict]):
     OP, UNIT, NAMES = "list_files", "file", "paths"  # how messages name the op and its items
 
     def __init__(self, *, url: str, label: str | None = None, shuffle: bool = False, seed: int = 0,
-                 storage_options: dict[str, Any] | None = None, extensions: list[str] | None = None):
+                 storage_options: dict[str, Any] | None = None, extensions: list[str] | None = None,
+                 where: str | None = None):
         super().__init__()
         if label not in LABEL_CHOICES:
             raise ValueError(f"{label=} must be one of {LABEL_CHOICES}")
@@ -220,6 +223,7 @@ class ListFiles(BaseNode[dict]):
         self.shuffle = shuffle
         self.seed = seed
         self.storage_options = storage_options
+        self.where = where
         self.epoch = 0
         self._records: list[dict] | None = None
         self._order: list[int] = []
@@ -232,7 +236,12 @@ class ListFiles(BaseNode[dict]):
     def records(self) -> list[dict]:
         """The listing (made once, then kept: a listing of object storage costs requests)."""
         if self._records is None:
-            names, self._records = self._list()
+            try:
+                names, self._records = self._list()
+            except SourceError as exc:
+                if self.where:
+                    exc.add_note(f"in {self.where}")
+                raise
             self._digest = _digest(names)
         return self._records
 

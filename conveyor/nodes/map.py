@@ -16,7 +16,9 @@ saved in the state: a transform using it runs, but neither repeats nor resumes e
 
 Errors in ``fn`` are raised in the caller's thread as the original exception with a note
 naming the node (``on_error="raise"``), or counted and skipped (``on_error="skip"``); the
-count is in ``stats()["skipped"]`` and the first few are logged with their messages.
+count is in ``stats()["skipped"]`` and the first few are logged with their messages. A
+``SourceError`` (``fn`` reading a remote path: a missing bucket, denied access, a server out
+of reach) is raised even with ``skip``: it is no bad item.
 
 With ``slab=N`` (the compiler sets it to the batch size when the map's thread workers feed
 ``batch`` then ``collate``) and an ``fn`` that takes an ``into`` argument (``conveyor.image``'s
@@ -371,7 +373,9 @@ class Map(BaseNode):
             self._fail(out)
 
     def _fail(self, failed: _Failed) -> None:
-        if self.on_error == "raise":
+        # a source that cannot be read at all (a missing bucket, denied access, a server out of
+        # reach: SourceError, as conveyor.storage raises it) is no bad item: never skipped
+        if self.on_error == "raise" or failed.kind == "SourceError":
             exc = failed.exc if failed.exc is not None else RuntimeError(failed.text)
             exc.add_note(f"in {self.where}")
             raise exc

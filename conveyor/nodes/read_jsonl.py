@@ -26,6 +26,13 @@ so): read as text, each was a screen of bad lines, or records mixed with bad lin
 cannot be read to its end (a truncated or corrupt ``.gz``, a failed read) is an error naming it
 and the last line read, or with ``on_error="skip"`` the rest of the file is skipped and counted.
 
+Remote files (``s3://``, any fsspec URL) are read through ``conveyor.storage``, front to back
+in blocks, a few ahead (a ``.zip`` by random access: its directory is at its end), each request
+with the retry policy: a transient failure (a 503, a reset, a server gone for a moment) is
+retried with backoff; one that outlives its attempts, or a missing object, is a ``SampleError``
+naming the file (and the line reached), a missing bucket or denied access a ``SourceError``,
+each with the node's note, never a bare botocore or aiohttp traceback.
+
 The state is the input's state before the current file, whether a file is open, and the
 byte offset and line number in it. A restore re-reads that one file record from the input,
 opens the file and seeks to the offset: it never replays the file's earlier lines.
@@ -54,8 +61,9 @@ import fsspec
 from fsspec.utils import infer_compression
 from torchdata.nodes import BaseNode
 
-from conveyor.errors import SampleError
+from conveyor.errors import ConveyorError, SampleError
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
+from conveyor.storage import RetryPolicy, Storage, is_local, redact
 
 try:  # a faster parser where installed; the standard library decides about what it refuses
     from orjson import loads as _fast_loads
@@ -150,6 +158,7 @@ class ReadJsonl(BaseNode[dict]):
         encoding: the files' text encoding.
         storage_options: passed to fsspec (endpoint, credentials); never logged.
         where: text for error notes (the node and spec line).
+        policy: the retry policy of remote reads.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -169,7 +178,8 @@ class ReadJsonl(BaseNode[dict]):
 
     def __init__(self, source: BaseNode, *, format: str = "jsonl", field: str | None = "text",
                  on_error: str = "raise", encoding: str = "utf-8",
-                 storage_options: dict[str, Any] | None = None, where: str | None = None):
+                 storage_options: dict[str, Any] | None = None, where: str | None = None,
+                 policy: RetryPolicy | None = None):
         super().__init__()
         if format not in FORMATS:
             raise ValueError(f"{format=} must be one of {FORMATS}")
@@ -187,12 +197,14 @@ class ReadJsonl(BaseNode[dict]):
         self.encoding = encoding
         self.storage_options = storage_options
         self.where = where or "read_jsonl"
+        self.storage = Storage(storage_options=storage_options, policy=policy)
         self.skipped = 0
         self.ledger = SkipLedger()
         self.files = 0
         self._file_state: dict | None = None  # input state before the open file's record
         self._file: dict | None = None         # the open file's record
         self._fh: Any = None
+        self._raw: Any = None  # a remote file's reader, under a decompressor
         self._offset = 0
         self._line = 0
         self._lines: list[bytes] = []  # lines of the current block, without their b"\n"
@@ -211,12 +223,18 @@ class ReadJsonl(BaseNode[dict]):
         return {"files": self.files, "skipped": self.skipped}
 
     def close(self) -> None:
+        self._close_file()
+        self.storage.close()
+
+    def _close_file(self) -> None:
         self._lines, self._li, self._tail = [], 0, []
-        if self._fh is not None:
-            try:
-                self._fh.close()
-            finally:
-                self._fh = None
+        fh, raw, self._fh, self._raw = self._fh, self._raw, None, None
+        try:
+            if fh is not None:
+                fh.close()
+        finally:
+            if raw is not None:
+                raw.close()
 
     # ----- iteration ----------------------------------------------------------------------
     def _open(self, record: dict, offset: int, *, count: bool = True) -> None:
@@ -227,16 +245,22 @@ class ReadJsonl(BaseNode[dict]):
         if problem:
             raise self._error(f"read_jsonl: cannot read {path}: {problem}")
         try:
-            if infer_compression(path) == "zip":
-                self._fh = self._open_zip(path)
+            if not is_local(path):
+                self._fh = self._open_remote(path, offset)
+            elif infer_compression(path) == "zip":
+                self._fh = self._open_zip(path, fsspec.open(path, "rb", **(self.storage_options or {})).open())
             else:
                 self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
             if offset:
                 self._fh.seek(offset)
+        except ConveyorError as exc:  # from conveyor.storage: it names the URL
+            self._close_file()
+            exc.add_note(f"in {self.where}")
+            raise
         except _READ_ERRORS as exc:
-            self.close()
+            self._close_file()
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
-            raise self._error(f"read_jsonl: cannot open {path}: {why}") from exc
+            raise self._error(f"read_jsonl: cannot open {self._redact(path)}: {self._redact(why)}") from exc
         self._sniff = not offset  # (_block: a compressed stream its name hides? a tar archive?)
         self._file = record
         self._offset = offset
@@ -245,13 +269,27 @@ class ReadJsonl(BaseNode[dict]):
         self._label = record.get("label", -1)
         self.files += count
 
-    def _open_zip(self, path: str) -> Any:
-        """The one file in the zip archive at ``path``, open. fsspec reads the first entry of a
-        .zip, and nothing after it: of several files, the first only; of a folder entry and
-        its file (``zip -r`` puts the folder first), nothing."""
+    def _open_remote(self, path: str, offset: int) -> Any:
+        """A remote file through ``conveyor.storage`` (retried block reads), decompressed when
+        its name says so (then the offset counts decompressed bytes: it is sought after)."""
+        from fsspec.compression import compr
+
+        codec = infer_compression(path)
+        if codec == "zip":  # read from its end first (the central directory): random access
+            return self._open_zip(path, self.storage.open_random(path))
+        self._raw = self.storage.open_sequential(path, offset=0 if codec else offset)
+        return compr[codec](self._raw, mode="rb") if codec else self._raw
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self.storage_options)
+
+    def _open_zip(self, path: str, raw: Any) -> Any:
+        """The one file in the zip archive ``raw`` (open, at ``path``), open; closing it closes
+        ``raw``. fsspec reads the first entry of a .zip, and nothing after it: of several
+        files, the first only; of a folder entry and its file (``zip -r`` puts the folder
+        first), nothing."""
         import zipfile
 
-        raw = fsspec.open(path, "rb", **(self.storage_options or {})).open()
         try:
             archive = zipfile.ZipFile(raw)
         except zipfile.BadZipFile as exc:
@@ -280,7 +318,7 @@ class ReadJsonl(BaseNode[dict]):
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        self.close()
+        self._close_file()
         self._file = None
         if initial_state is None:
             self.source.reset()
@@ -303,6 +341,9 @@ class ReadJsonl(BaseNode[dict]):
         where it cannot be read further, on_error: skip)."""
         try:
             data = self._fh.read(BLOCK)
+        except ConveyorError as exc:  # from conveyor.storage: it names the URL
+            exc.add_note(f"in {self.where}, reading {self._redact(self._path)} from line {self._line + 1}")
+            raise
         except _READ_ERRORS as exc:
             self._unreadable(exc)
             self._tail = []  # the start of a line the file ends in the middle of: skipped with the rest
@@ -319,7 +360,7 @@ class ReadJsonl(BaseNode[dict]):
                 problem = ("it is UTF-16 text (it starts with UTF-16's byte order mark), whose lines cannot be "
                            "cut at the newline byte; convert it to UTF-8")
             if problem:
-                self.close()
+                self._close_file()
                 raise self._error(f"read_jsonl: cannot read {self._path}: {problem}")
         if not data:
             if not self._tail:
@@ -356,7 +397,7 @@ class ReadJsonl(BaseNode[dict]):
                 self._open(next(self.source), 0)  # StopIteration ends the stream
                 self._line = 0
             elif not self._block():
-                self.close()
+                self._close_file()
                 self._file = None
                 self._file_state = self.source.state_dict()  # after this file's record
         out: list[dict] = []

@@ -15,6 +15,12 @@ file with ``on_error="raise"``; with ``on_error="skip"`` the whole file is skipp
 counted (``skipped_files``). A row group that fails to decode is named by file and row group,
 or skipped with its rows counted (``skipped``).
 
+Remote files are read through ``conveyor.storage``: the footer and each column chunk one
+ranged request, retried on transient failures (a 503, a reset, a server gone for a moment).
+A read that outlives its attempts, or a file deleted since the listing, is a ``SampleError``
+naming the file (skipped and counted like a bad file with ``on_error="skip"``); a missing
+bucket or denied access is a ``SourceError``, always raised, never a skipped file.
+
 The state is the input's state before the current file, whether a file is open, the row
 group and the row in it: a restore re-reads that one file record, opens the file and decodes
 only the row group it stopped in (never the rows of the groups before it).
@@ -27,8 +33,9 @@ from typing import Any, Iterator
 
 from torchdata.nodes import BaseNode
 
-from conveyor.errors import SampleError
+from conveyor.errors import SampleError, SourceError
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
+from conveyor.storage import RetryPolicy, Storage
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +61,7 @@ class ReadParquet(BaseNode[dict]):
         on_error: ``"raise"`` (``SampleError`` naming the file and row group) or ``"skip"``.
         storage_options: passed to fsspec for non-local URLs; never logged.
         where: text for error notes (the node and spec line).
+        policy: the retry policy of remote reads.
 
     Example:
         >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -74,7 +82,7 @@ class ReadParquet(BaseNode[dict]):
 
     def __init__(self, source: BaseNode, *, columns: list[str] | None = None, batch_rows: int = 1024,
                  on_error: str = "raise", storage_options: dict[str, Any] | None = None,
-                 where: str | None = None):
+                 where: str | None = None, policy: RetryPolicy | None = None):
         super().__init__()
         if on_error not in ON_ERROR:
             raise ValueError(f"{on_error=} must be one of {ON_ERROR}")
@@ -87,6 +95,7 @@ class ReadParquet(BaseNode[dict]):
         self.batch_rows = batch_rows
         self.on_error = on_error
         self.storage_options = storage_options
+        self.storage = Storage(storage_options=storage_options, policy=policy)
         self.where = where or "read_parquet"
         self.skipped = self.skipped_files = self.files = 0
         self.ledger = SkipLedger()
@@ -106,6 +115,10 @@ class ReadParquet(BaseNode[dict]):
         return {"files": self.files, "skipped": self.skipped, "skipped_files": self.skipped_files}
 
     def close(self) -> None:
+        self._close_file()
+        self.storage.close()
+
+    def _close_file(self) -> None:
         self._batches = None
         self._pf = None
         if self._fh is not None:
@@ -124,19 +137,24 @@ class ReadParquet(BaseNode[dict]):
         self._file = record
         try:
             if "://" in path and not path.startswith("file://"):
-                import fsspec
-
-                self._fh = fsspec.open(path, "rb", **(self.storage_options or {})).open()
+                self._fh = self.storage.open_random(path)
                 self._pf = pq.ParquetFile(self._fh)
             else:
                 self._pf = pq.ParquetFile(path.removeprefix("file://"))
+        except SourceError as exc:  # a missing bucket, denied access: not one bad file
+            self._close_file()
+            exc.add_note(f"in {self.where}")
+            raise
+        except SampleError as exc:  # from conveyor.storage: gone since the listing, retries spent
+            self._close_file()
+            return self._bad_file(f"cannot read it ({exc})")
         except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError; a missing file an OSError
-            self.close()
+            self._close_file()
             return self._bad_file(f"cannot read it as Parquet ({type(exc).__name__}: {exc})")
         names = self._pf.schema_arrow.names
         missing = [c for c in self.columns or () if c not in names]
         if missing:
-            self.close()
+            self._close_file()
             return self._bad_file(f"no column {', '.join(map(repr, missing))} (it has: {', '.join(names)})")
         meta = self._pf.metadata
         self._starts, n = [], 0
@@ -176,13 +194,17 @@ class ReadParquet(BaseNode[dict]):
                     continue
                 self._rows, self._i = batch.slice(skip).to_pylist(), 0
                 skip = 0
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, SampleError) as exc:
             return self._bad_group(exc)
         return True
 
     def _bad_group(self, exc: Exception) -> bool:
+        if isinstance(exc, SourceError):  # a missing bucket, denied access: not one bad group
+            exc.add_note(f"in {self.where}")
+            raise exc
         where = f"{self._file['path']} row group {self._group}"  # type: ignore[index]
-        why = f"cannot decode ({type(exc).__name__}: {exc})"
+        why = (f"cannot read it ({exc})" if isinstance(exc, SampleError)
+               else f"cannot decode ({type(exc).__name__}: {exc})")
         if self.on_error == "raise":
             raise self._error(f"read_parquet: {where}: {why}") from exc
         rows = self._pf.metadata.row_group(self._group).num_rows - self._row
@@ -195,7 +217,7 @@ class ReadParquet(BaseNode[dict]):
     # ----- iteration ----------------------------------------------------------------------
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        self.close()
+        self._close_file()
         self._file, self._rows, self._i = None, [], 0
         if initial_state is None:
             self.source.reset()
@@ -218,7 +240,7 @@ class ReadParquet(BaseNode[dict]):
                 self._load_group(self._row)
 
     def _next_file(self) -> None:
-        self.close()
+        self._close_file()
         self._file = None
         self._file_state = self.source.state_dict()  # after this file's record
 
@@ -241,7 +263,7 @@ class ReadParquet(BaseNode[dict]):
             if self._batches is not None:
                 try:
                     batch = next(self._batches, None)
-                except (OSError, ValueError) as exc:
+                except (OSError, ValueError, SampleError) as exc:
                     self._bad_group(exc)
                     batch = None
                 if batch is not None:
