@@ -212,3 +212,26 @@ def test_an_iterable_dataset_that_shards_itself_by_rank_ends_each_epoch_together
     out = _run(cmd, timeout=90, env={"PYTHONPATH": env_path})
     assert sorted(re.findall(r"rank \d batches \[2, 2\]", out.stdout)) == ["rank 0 batches [2, 2]",
                                                                             "rank 1 batches [2, 2]"], out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_built_before_init_process_group_follows_the_process_group(tmp_path: Path) -> None:
+    # mp.spawn (and Lightning's DDP, which sets LOCAL_RANK but no RANK) start processes without
+    # RANK/WORLD_SIZE: a loader built before init_process_group was rank 0 of world 1 on every
+    # process, so each read the whole dataset and DDP's all-reduces went out of step
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    world = 2
+    out = subprocess.run([sys.executable, str(ROOT / "tests/spawn_job.py"), str(tmp_path), str(world),
+                          str(_free_port())], capture_output=True, text=True, timeout=90, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for epoch in range(2):
+        shares = [res["seen"][epoch] for res in results]
+        assert [len(s) for s in shares] == [N_ITEMS // world] * world
+        assert sorted(shares[0] + shares[1]) == list(range(N_ITEMS))  # disjoint, all of it
+    for r, res in enumerate(results):
+        assert res["len"] == 5 and res["keys"] == ["format", f"rank{r}"]
+        # one already started as rank 0 of world 1 cannot change: said, not read wrong
+        assert "built and started as rank 0 of world 1" in res["error"]
+        assert f"runs this process as rank {r} of world 2" in res["error"]

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 
 from conveyor.errors import ConveyorError, StateError
 from conveyor.graphs import elastic
-from conveyor.graphs.compile import Compiled, digest, summary, with_spec_dir
+from conveyor.graphs.compile import Compiled, compile_plan, digest, summary, with_spec_dir
 from conveyor.graphs.even import agreement_for
 from conveyor.graphs.instrument import node_perf
 from conveyor.graphs.length import UnknownLength, epoch_length
@@ -151,10 +151,6 @@ class Loader:
     """
 
     def __init__(self, compiled: Compiled):
-        self._c = compiled
-        self._summary = summary(compiled.plan)
-        self._digest = digest(self._summary)
-        self._root = compiled.root
         self._epoch = -1           # the epoch being (or last) iterated
         self._yielded = 0          # batches yielded in that epoch
         self._started = False      # root has been reset for self._epoch
@@ -168,14 +164,53 @@ class Loader:
         self._closed = False
         self._generation = 0  # which iterator is current: an older one is finished
         self._t_start = 0.0
-        self._agree = agreement_for(compiled.plan, compiled.world)  # even batches across ranks
         self._cut = False          # this epoch was ended by the ranks' agreement, not by the data
         self._epochs_cut = 0
+        self._world_ok = False     # the graph's rank and world are torch.distributed's
+        self._bind(compiled)
+
+    def _bind(self, compiled: Compiled) -> None:
+        """Run ``compiled``: its nodes, the ranks' agreement and the watchdog."""
+        self._c = compiled
+        self._summary = summary(compiled.plan)
+        self._digest = digest(self._summary)
+        self._root = compiled.root
+        self._length = None
+        self._agree = agreement_for(compiled.plan, compiled.world)  # even batches across ranks
         inner = [compiled.nodes[n].inner for n in reversed(compiled.order) if n in compiled.nodes]
         after = getattr(compiled.plan, "watchdog", DEFAULT_AFTER)
         self._dog = Watchdog(after, progress=graph_progress(compiled), report=graph_report(compiled)) \
             if after else None
         self._finalizer = weakref.finalize(self, _close_nodes, inner, self._dog)
+
+    def _follow_world(self) -> None:
+        """Build the graph again for the rank and world torch.distributed gives, where it was built
+        before ``init_process_group`` for others (from RANK/WORLD_SIZE, or none).
+
+        Lightning's DDP starts its processes with LOCAL_RANK and WORLD_SIZE but no RANK, and sets
+        WORLD_SIZE in the first process only inside ``fit``; ``mp.spawn`` sets neither. A loader
+        built before then was rank 0 of the wrong world on every process: the ranks read the same
+        share (or all of it) and DDP's all-reduces went out of step. Nothing has run yet, so the
+        graph is built again; once it has run, that is an error.
+        """
+        if self._world_ok or self._closed or not _dist_ready():
+            return
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if (rank, world) == (self._c.rank, self._c.world):
+            self._world_ok = True  # a process keeps its rank: looked at once
+            return
+        if self._started:
+            raise ConveyorError(
+                f"{self._c.plan.path}: this loader was built and started as rank {self._c.rank} of world "
+                f"{self._c.world} (torch.distributed was not initialised: from RANK/WORLD_SIZE), but "
+                f"torch.distributed runs this process as rank {rank} of world {world}: build the loader "
+                "after init_process_group, or use it (iter, peek, len, state_dict) only after")
+        log.info("%s: built as rank %d of world %d before torch.distributed was initialised; built "
+                 "again for rank %d of world %d", self._c.plan.path, self._c.rank, self._c.world, rank, world)
+        self._finalizer()
+        self._bind(compile_plan(self._c.plan))
 
     # ----- epochs -------------------------------------------------------------------------
     @property
@@ -229,6 +264,7 @@ class Loader:
                 set_epoch(epoch)
 
     def _start(self, epoch: int, graph_state: dict | None) -> None:
+        self._follow_world()
         self._set_epoch(epoch)
         for counted in self._c.nodes.values():
             counted.items = 0
@@ -285,6 +321,7 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         self._check_open()
+        self._follow_world()
         if not self._started or self._taken or self._exhausted:
             # else: started (by state_dict, peek, set_epoch or a restore) with nothing taken
             # since: this iterator takes that epoch from where it stands
@@ -370,6 +407,7 @@ class Loader:
             >>> for batch in loader: ...                         # starts with that batch
         """
         self._check_open()
+        self._follow_world()
         if not self._started or self._exhausted:
             self._generation += 1  # an iterator that ended stays ended
             self._start(self._epoch + 1, None)
@@ -430,6 +468,7 @@ class Loader:
             ValueError: ``behind`` is more batches than the loader kept.
         """
         self._check_open()
+        self._follow_world()
         if behind:
             kept = self._behind if self._behind is not None else ()
             if not 0 < behind <= len(kept):
@@ -467,6 +506,7 @@ class Loader:
                 error names the node that stops it).
         """
         self._check_open()
+        self._follow_world()  # the rank whose entry this process takes
         by_rank = elastic.merged_rank_states(state, rank_states)
         own = by_rank.get(self._c.rank)
         if own is None or (own.get("world"), self._copies_of(own)) != (self._c.world, self._copies_of(None)):
@@ -581,6 +621,7 @@ class Loader:
         raises ``TypeError`` naming the node, as ``DataLoader`` does for an iterable dataset.
         With ranks that agree on each epoch's end (``even_batches``), the fewest of any rank.
         """
+        self._follow_world()
         if self._length is None:
             self._check_open()
             try:
