@@ -545,10 +545,14 @@ class Loader:
             raise StateError(f"rank state format {state.get('format')} is not supported (this conveyor "
                              f"writes format {RANK_FORMAT})")
         if not elastic and (state.get("rank"), state.get("world")) != (self._c.rank, self._c.world):
+            one_rank = state.get("world") == self._c.world > 1  # a checkpoint one rank wrote
             raise StateError(f"state was saved by rank {state.get('rank')} of world {state.get('world')}, "
                              f"this is rank {self._c.rank} of world {self._c.world}: load each rank's "
                              "own state with the same world size, or the states of every rank of the "
-                             "old run to resume elastically")
+                             "old run to resume elastically"
+                             + ("; Lightning writes rank 0's checkpoint only: add "
+                                "conveyor.lightning.ExactResume() to the trainer's callbacks to keep "
+                                "every rank's state in it" if one_rank else ""))
         saved_w, now_w = state.get("workers") or {}, self._summary["workers"] or {}
         saved_until = saved_w.get("until") if saved_w.get("copies", 1) > 1 else None
         now_until = now_w.get("until") if now_w.get("copies", 1) > 1 else None
