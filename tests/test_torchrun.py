@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -235,3 +236,28 @@ def test_a_loader_built_before_init_process_group_follows_the_process_group(tmp_
         # one already started as rank 0 of world 1 cannot change: said, not read wrong
         assert "built and started as rank 0 of world 1" in res["error"]
         assert f"runs this process as rank {r} of world 2" in res["error"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("opts", [[], ["--copies", "2"], ["--same"]])
+def test_ranks_that_list_different_files_are_told_so(tmp_path: Path, opts: list[str]) -> None:
+    # a file landed between rank 0's listing and rank 1's: rank 1 dealt positions of 41 files,
+    # rank 0 of 40, so the ranks read overlapping shares without a word, with 6 batches on one
+    # rank and 5 on the other (DDP's all-reduces out of step, then a hang or a crash at the end)
+    data = tmp_path / "data"
+    shutil.copytree(ROOT / "examples/data/numbers", data)
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = _torchrun(2, str(data), str(out), *opts)
+    cmd[cmd.index(str(SCRIPT))] = str(ROOT / "tests/listing_job.py")
+    _run(cmd, timeout=90, env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    if "--same" in opts:  # the same files: no word, the usual disjoint shares
+        assert [r["error"] for r in ranks] == [None, None]
+        assert sorted(ranks[0]["seen"][0] + ranks[1]["seen"][0]) == list(range(N_ITEMS))
+        return
+    # rank 1 lists last, so it sees both listings at its first batch
+    error = ranks[1]["error"]
+    assert error is not None and ranks[1]["seen"] == []
+    assert f"the ranks list different data at 'files' (list_files '{data}/*/*.txt')" in error
+    assert "rank 0: 40 listed" in error and "rank 1: 41 listed" in error

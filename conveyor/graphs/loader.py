@@ -37,6 +37,7 @@ from conveyor.graphs import elastic
 from conveyor.graphs.compile import Compiled, compile_plan, digest, summary, with_spec_dir
 from conveyor.graphs.even import agreement_for
 from conveyor.graphs.instrument import node_perf
+from conveyor.graphs.listings import ListingCheck, listings_to_check
 from conveyor.graphs.length import UnknownLength, epoch_length
 from conveyor.graphs.watchdog import DEFAULT_AFTER, Watchdog, graph_progress, graph_report
 from conveyor.nodes._skips import LEDGER_KEY, gather, ledgers
@@ -167,6 +168,7 @@ class Loader:
         self._cut = False          # this epoch was ended by the ranks' agreement, not by the data
         self._epochs_cut = 0
         self._world_ok = False     # the graph's rank and world are torch.distributed's
+        self._serial = ListingCheck.serial(digest(summary(compiled.plan)))  # for the ranks' listings
         self._bind(compiled)
 
     def _bind(self, compiled: Compiled) -> None:
@@ -177,6 +179,9 @@ class Loader:
         self._root = compiled.root
         self._length = None
         self._agree = agreement_for(compiled.plan, compiled.world)  # even batches across ranks
+        listed = listings_to_check(compiled.plan) if compiled.world > 1 else []
+        self._listings = ListingCheck(compiled.plan, listed, self._digest, self._serial, compiled.rank,
+                                      compiled.world) if listed else None
         inner = [compiled.nodes[n].inner for n in reversed(compiled.order) if n in compiled.nodes]
         after = getattr(compiled.plan, "watchdog", DEFAULT_AFTER)
         self._dog = Watchdog(after, progress=graph_progress(compiled), report=graph_report(compiled)) \
@@ -386,6 +391,8 @@ class Loader:
         self._taken = True
         if before is not None:
             self._behind.append(before)
+        if self._listings is not None:  # the ranks list the same files (graphs/listings.py)
+            self._listings.after_batch(self._root.state_dict)
         return item
 
     def peek(self) -> Any:
