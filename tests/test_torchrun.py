@@ -233,8 +233,10 @@ def test_a_loader_built_before_init_process_group_follows_the_process_group(tmp_
         assert sorted(shares[0] + shares[1]) == list(range(N_ITEMS))  # disjoint, all of it
     for r, res in enumerate(results):
         assert res["len"] == 5 and res["keys"] == ["format", f"rank{r}"]
-        # one already started as rank 0 of world 1 cannot change: said, not read wrong
-        assert "built and started as rank 0 of world 1" in res["error"]
+        # peeked at before (the model's shapes, say): its first epoch is this rank's
+        assert res["after_peek"] == res["seen"][0] and res["peeked_epoch"] == 0
+        # one that gave a batch as rank 0 of world 1 cannot change: said, not read wrong
+        assert "built and used as rank 0 of world 1" in res["error"]
         assert f"runs this process as rank {r} of world 2" in res["error"]
 
 

@@ -168,6 +168,7 @@ class Loader:
         self._cut = False          # this epoch was ended by the ranks' agreement, not by the data
         self._epochs_cut = 0
         self._world_ok = False     # the graph's rank and world are torch.distributed's
+        self._used = False         # a batch was taken or a state loaded: the graph cannot be rebuilt
         self._serial = ListingCheck.serial(digest(summary(compiled.plan)))  # for the ranks' listings
         self._bind(compiled)
 
@@ -195,8 +196,9 @@ class Loader:
         Lightning's DDP starts its processes with LOCAL_RANK and WORLD_SIZE but no RANK, and sets
         WORLD_SIZE in the first process only inside ``fit``; ``mp.spawn`` sets neither. A loader
         built before then was rank 0 of the wrong world on every process: the ranks read the same
-        share (or all of it) and DDP's all-reduces went out of step. Nothing has run yet, so the
-        graph is built again; once it has run, that is an error.
+        share (or all of it) and DDP's all-reduces went out of step. While no batch has been taken
+        and no state loaded (built, or only peeked at, its epoch set, its len or state asked), the
+        graph is built again, at the epoch it stood at; after that, it is an error.
         """
         if self._world_ok or self._closed or not _dist_ready():
             return
@@ -206,16 +208,20 @@ class Loader:
         if (rank, world) == (self._c.rank, self._c.world):
             self._world_ok = True  # a process keeps its rank: looked at once
             return
-        if self._started:
+        if self._used:
             raise ConveyorError(
-                f"{self._c.plan.path}: this loader was built and started as rank {self._c.rank} of world "
+                f"{self._c.plan.path}: this loader was built and used as rank {self._c.rank} of world "
                 f"{self._c.world} (torch.distributed was not initialised: from RANK/WORLD_SIZE), but "
                 f"torch.distributed runs this process as rank {rank} of world {world}: build the loader "
-                "after init_process_group, or use it (iter, peek, len, state_dict) only after")
+                "after init_process_group, or take batches and load states only after")
         log.info("%s: built as rank %d of world %d before torch.distributed was initialised; built "
                  "again for rank %d of world %d", self._c.plan.path, self._c.rank, self._c.world, rank, world)
         self._finalizer()
         self._bind(compile_plan(self._c.plan))
+        if self._started:  # at the same epoch, from its first batch, as this rank's
+            self._generation += 1
+            self._start(self._epoch, None)
+            self._yielded = 0
 
     # ----- epochs -------------------------------------------------------------------------
     @property
@@ -252,6 +258,7 @@ class Loader:
             >>> for batch in loader: ...     # epoch 3, from its first batch
         """
         self._check_open()
+        self._follow_world()
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"set_epoch: epoch={epoch!r} must be an int >= 0")
         if self._started and not self._taken and not self._exhausted and self._epoch == epoch:
@@ -269,7 +276,6 @@ class Loader:
                 set_epoch(epoch)
 
     def _start(self, epoch: int, graph_state: dict | None) -> None:
-        self._follow_world()
         self._set_epoch(epoch)
         for counted in self._c.nodes.values():
             counted.items = 0
@@ -388,7 +394,7 @@ class Loader:
                     self._c.rank, self._epoch, self._yielded)
             raise StopIteration
         self._yielded += 1
-        self._taken = True
+        self._taken = self._used = True
         if before is not None:
             self._behind.append(before)
         if self._listings is not None:  # the ranks list the same files (graphs/listings.py)
@@ -514,6 +520,7 @@ class Loader:
         """
         self._check_open()
         self._follow_world()  # the rank whose entry this process takes
+        self._used = True
         by_rank = elastic.merged_rank_states(state, rank_states)
         own = by_rank.get(self._c.rank)
         if own is None or (own.get("world"), self._copies_of(own)) != (self._c.world, self._copies_of(None)):
