@@ -56,6 +56,11 @@ SAFE_PARAMS = frozenset({"workers", "method", "mp_context", "depth", "snapshot_e
                          "device", "non_blocking"})
 
 
+# dcp.load({"data": loader}) gives each rank the entry of its own rank number only
+_DCP_HINT = (" (from a torch.distributed.checkpoint folder, conveyor.dcp_states(folder) reads every "
+             "rank's: loader.load_state_dict(conveyor.dcp_states(folder)))")
+
+
 def rank_key(rank: int) -> str:
     """The key of rank ``rank``'s entry in a loader state."""
     return f"rank{rank}"
@@ -547,7 +552,8 @@ class Loader:
         if own is None:
             raise StateError(f"the state holds rank(s) {sorted(by_rank)}, this is rank {self._c.rank} of "
                              f"world {self._c.world}: load each rank's own state with the same world "
-                             "size, or the states of every rank of the old run to resume elastically")
+                             "size, or the states of every rank of the old run to resume elastically"
+                             f"{_DCP_HINT}")
         return own
 
     def _copies_of(self, state: dict[str, Any] | None) -> int:
@@ -563,7 +569,7 @@ class Loader:
             raise StateError(f"state was saved by rank {state.get('rank')} of world {state.get('world')}, "
                              f"this is rank {self._c.rank} of world {self._c.world}: load each rank's "
                              "own state with the same world size, or the states of every rank of the "
-                             "old run to resume elastically"
+                             f"old run to resume elastically{_DCP_HINT}"
                              + ("; Lightning writes rank 0's checkpoint only: add "
                                 "conveyor.lightning.ExactResume() to the trainer's callbacks to keep "
                                 "every rank's state in it" if one_rank else ""))
