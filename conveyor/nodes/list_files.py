@@ -298,7 +298,8 @@ class ListFiles(BaseNode[dict]):
             x = todo.pop()
             if isinstance(x, dict):
                 if set(x) == keys and isinstance(x[cls.COUNT_KEY], int):
-                    found.append((x[cls.COUNT_KEY], x[cls.DIGEST_KEY]))
+                    if x[cls.DIGEST_KEY]:  # "" before the listing is made
+                        found.append((x[cls.COUNT_KEY], x[cls.DIGEST_KEY]))
                 else:
                     todo.extend(reversed(list(x.values())))
             elif isinstance(x, list):
