@@ -258,8 +258,10 @@ def test_ranks_that_list_different_files_are_told_so(tmp_path: Path, opts: list[
         assert [r["error"] for r in ranks] == [None, None]
         assert sorted(ranks[0]["seen"][0] + ranks[1]["seen"][0]) == list(range(N_ITEMS))
         return
-    # rank 1 lists last, so it sees both listings at its first batch
-    error = ranks[1]["error"]
-    assert error is not None and ranks[1]["seen"] == []
-    assert f"the ranks list different data at 'files' (list_files '{data}/*/*.txt')" in error
-    assert "rank 0: 40 listed" in error and "rank 1: 41 listed" in error
+    # the rank that takes its first batch last sees both listings there (the other one may have
+    # read on: this job has no all-reduce to hold the ranks in step, as DDP has)
+    errors = [r["error"] for r in ranks if r["error"] is not None]
+    assert errors
+    for error in errors:
+        assert f"the ranks list different data at 'files' (list_files '{data}/*/*.txt')" in error
+        assert "rank 0: 40 listed" in error and "rank 1: 41 listed" in error
