@@ -5,7 +5,10 @@ it takes each batch as the training step asks for it, and that state is exact. W
 decide the length (filter, records read from files, length buckets, ...), its data fetcher
 reads one batch ahead to see the epoch's end coming, so the state it saves is one batch past
 the last training step, and a resumed fit never trains on that batch. :class:`ExactResume`
-puts in the checkpoint the state from before the batches the fetcher holds::
+puts in the checkpoint the state from before the batches the fetcher holds. Under DDP
+Lightning writes the checkpoint of rank 0 only, so it held rank 0's loader state alone and
+every other rank failed to resume; :class:`ExactResume` gathers every rank's state into it
+(each rank then loads its own)::
 
     from conveyor.lightning import ExactResume
     trainer = L.Trainer(callbacks=[ExactResume(), ModelCheckpoint(...)])
@@ -32,7 +35,8 @@ __all__ = ["ExactResume"]
 
 
 class ExactResume(Callback):
-    """Saves each conveyor loader's state from before the batches Lightning has read ahead.
+    """Saves each conveyor loader's state from before the batches Lightning has read ahead, and
+    under DDP every rank's state (Lightning writes rank 0's checkpoint only).
 
     Lightning's fit loop keeps its training loaders' states in
     ``checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]``, one per loader with a
@@ -47,8 +51,9 @@ class ExactResume(Callback):
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         loop = trainer.fit_loop
         held = len(getattr(getattr(loop, "_data_fetcher", None), "batches", None) or ())
-        if not held:
-            return  # nothing read ahead: the saved states are exact
+        world = _world()
+        if not held and world <= 1:
+            return  # nothing read ahead, and this process's checkpoint is the only one: exact
         try:
             states = checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"]
             loaders = [dl for dl in loop._combined_loader.flattened if callable(getattr(dl, "state_dict", None))
@@ -61,13 +66,37 @@ class ExactResume(Callback):
             return
         for i, dl in enumerate(loaders):
             if isinstance(dl, Loader):
-                try:
-                    states[i] = dl.state_dict(behind=held)
-                except ValueError as exc:  # more held than kept (a loader that began another epoch)
-                    self._warn(str(exc))
+                if held:
+                    try:
+                        states[i] = dl.state_dict(behind=held)
+                    except ValueError as exc:  # more held than kept (a loader that began another epoch)
+                        self._warn(str(exc))
+                if world > 1:  # every rank saves (the same loaders), so every rank gathers here
+                    states[i] = _every_rank(states[i])
 
     def _warn(self, why: str) -> None:
         if not self._warned:
             self._warned = True
             log.warning("conveyor.lightning.ExactResume: %s; the checkpoint keeps the loader's current "
                         "state, past the batches Lightning read ahead (said once)", why)
+
+
+def _world() -> int:
+    try:
+        import torch.distributed as dist
+
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    except ImportError:
+        return 1
+
+
+def _every_rank(state: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's entries of a loader state, merged into one dict (a collective)."""
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, state)
+    merged = dict(state)
+    for one in gathered:
+        merged.update({k: v for k, v in one.items() if k.startswith("rank")})
+    return merged

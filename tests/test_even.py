@@ -133,3 +133,21 @@ def test_without_a_process_group_the_ranks_cannot_agree_and_it_is_said_once(capl
     assert len(warned) == 1 and "torch.distributed is not initialised" in warned[0]
     assert "nodes read, batch can give them different counts" in warned[0]
     assert agree.active is False
+
+
+def test_the_listings_the_ranks_compare_are_those_a_rank_shard_deals(tmp_path: Path) -> None:
+    from conveyor.graphs.listings import listings_to_check
+    from conveyor.nodes.list_files import ListFiles
+
+    assert listings_to_check(check_spec(ROOT / "specs/numbers.yaml")) == ["files"]
+    assert listings_to_check(check_spec(ROOT / "specs/imagenet-procs.yaml")) == ["files"]
+    path = tmp_path / "s.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        nodes:
+          files: {{op: list_files, url: "{ROOT}/examples/data/numbers/*/*.txt"}}
+          parse: {{op: map, fn: "conveyor.files:read_numbers"}}
+        """))
+    assert listings_to_check(check_spec(path)) == []  # no rank shard: each rank reads its own on purpose
+    with load_graph(ROOT / "specs/numbers.yaml", batch_size=4) as loader:
+        next(iter(loader))
+        assert ListFiles.listings_in(rank_states(loader.state_dict())[0]["graph"]) == [(40, "8af054f968f8bc62")]

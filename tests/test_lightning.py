@@ -81,3 +81,42 @@ def test_a_loader_of_unknown_length_resumes_exactly_with_exact_resume(tmp_path, 
         assert kept == reference
     else:  # what ExactResume is for: each resume skipped the batch Lightning had read ahead
         assert len(kept) < len(reference)
+
+
+def _reference_epochs(rank: int, world: int, epochs: int) -> list[str]:
+    """The batches (``idx,idx,...``) rank ``rank`` of ``world`` reads in an uninterrupted run."""
+    import os
+
+    from conveyor import load_graph
+
+    saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+    try:
+        with load_graph(ROOT / "specs/numbers.yaml", batch_size=4) as loader:
+            return [",".join(map(str, b["index"].tolist())) for _ in range(epochs) for b in loader]
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.mark.timeout(180)
+def test_a_ddp_fit_resumes_every_rank_exactly_from_last_checkpoint(tmp_path):
+    # Lightning writes rank 0's checkpoint only: it held rank 0's loader state alone, and rank 1
+    # failed to resume ("state was saved by rank 0 of world 2, this is rank 1"); ExactResume
+    # gathers every rank's state into it
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    log = tmp_path / "log"
+    out = subprocess.run([sys.executable, str(ROOT / "tests/lightning_ddp_job.py"), str(tmp_path / "ck"), str(log),
+                          "--crash-after", "7"], capture_output=True, text=True, timeout=150, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for rank in range(2):
+        rows = _rows(Path(f"{log}.{rank}"))
+        assert [r[0] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 7, 8, 9, 10]  # crashed after 7, saved at 6
+        kept = rows[:6] + rows[7:]
+        assert [idx for _, _, idx in kept] == _reference_epochs(rank, 2, 2), f"rank {rank}"
+        assert [e for _, e, _ in kept] == [0] * 5 + [1] * 5

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -212,3 +213,55 @@ def test_an_iterable_dataset_that_shards_itself_by_rank_ends_each_epoch_together
     out = _run(cmd, timeout=90, env={"PYTHONPATH": env_path})
     assert sorted(re.findall(r"rank \d batches \[2, 2\]", out.stdout)) == ["rank 0 batches [2, 2]",
                                                                             "rank 1 batches [2, 2]"], out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_built_before_init_process_group_follows_the_process_group(tmp_path: Path) -> None:
+    # mp.spawn (and Lightning's DDP, which sets LOCAL_RANK but no RANK) start processes without
+    # RANK/WORLD_SIZE: a loader built before init_process_group was rank 0 of world 1 on every
+    # process, so each read the whole dataset and DDP's all-reduces went out of step
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    world = 2
+    out = subprocess.run([sys.executable, str(ROOT / "tests/spawn_job.py"), str(tmp_path), str(world),
+                          str(_free_port())], capture_output=True, text=True, timeout=90, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for epoch in range(2):
+        shares = [res["seen"][epoch] for res in results]
+        assert [len(s) for s in shares] == [N_ITEMS // world] * world
+        assert sorted(shares[0] + shares[1]) == list(range(N_ITEMS))  # disjoint, all of it
+    for r, res in enumerate(results):
+        assert res["len"] == 5 and res["keys"] == ["format", f"rank{r}"]
+        # peeked at before (the model's shapes, say): its first epoch is this rank's
+        assert res["after_peek"] == res["seen"][0] and res["peeked_epoch"] == 0
+        # one that gave a batch as rank 0 of world 1 cannot change: said, not read wrong
+        assert "built and used as rank 0 of world 1" in res["error"]
+        assert f"runs this process as rank {r} of world 2" in res["error"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("opts", [[], ["--copies", "2"], ["--same"]])
+def test_ranks_that_list_different_files_are_told_so(tmp_path: Path, opts: list[str]) -> None:
+    # a file landed between rank 0's listing and rank 1's: rank 1 dealt positions of 41 files,
+    # rank 0 of 40, so the ranks read overlapping shares without a word, with 6 batches on one
+    # rank and 5 on the other (DDP's all-reduces out of step, then a hang or a crash at the end)
+    data = tmp_path / "data"
+    shutil.copytree(ROOT / "examples/data/numbers", data)
+    out = tmp_path / "out"
+    out.mkdir()
+    cmd = _torchrun(2, str(data), str(out), *opts)
+    cmd[cmd.index(str(SCRIPT))] = str(ROOT / "tests/listing_job.py")
+    _run(cmd, timeout=90, env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    if "--same" in opts:  # the same files: no word, the usual disjoint shares
+        assert [r["error"] for r in ranks] == [None, None]
+        assert sorted(ranks[0]["seen"][0] + ranks[1]["seen"][0]) == list(range(N_ITEMS))
+        return
+    # the rank that takes its first batch last sees both listings there (the other one may have
+    # read on: this job has no all-reduce to hold the ranks in step, as DDP has)
+    errors = [r["error"] for r in ranks if r["error"] is not None]
+    assert errors
+    for error in errors:
+        assert f"the ranks list different data at 'files' (list_files '{data}/*/*.txt')" in error
+        assert "rank 0: 40 listed" in error and "rank 1: 41 listed" in error

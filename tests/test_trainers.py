@@ -269,6 +269,24 @@ def test_states_are_keyed_by_rank_and_each_rank_takes_its_own(monkeypatch):
         assert loader.epoch == 0
 
 
+def test_a_state_of_another_world_says_how_to_read_every_ranks_from_dcp(monkeypatch):
+    # dcp.load({"data": loader}) on 2 ranks of a 3-rank checkpoint gives each rank one old entry:
+    # the error said to load every rank's states, not that conveyor.dcp_states reads them
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with load_graph(NUMBERS, batch_size=4) as loader:
+        state = loader.state_dict()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with load_graph(NUMBERS, batch_size=4) as loader:
+        with pytest.raises(StateError, match=r"rank 0 of world 3, this is rank 0 of world 2.*conveyor\.dcp_states"):
+            loader.load_state_dict(state)
+        rank0 = loader.state_dict()
+    monkeypatch.setenv("RANK", "1")  # rank 0's entry only, on rank 1 of the same world: a Lightning checkpoint
+    with load_graph(NUMBERS, batch_size=4) as loader:
+        with pytest.raises(StateError, match=r"rank 0 of world 2, this is rank 1 of world 2.*ExactResume"):
+            loader.load_state_dict(rank0)
+
+
 def test_profiler_shows_a_range_per_node():
     from torch.profiler import ProfilerActivity, profile
 

@@ -34,9 +34,10 @@ from typing import Any, Iterator
 
 from conveyor.errors import ConveyorError, StateError
 from conveyor.graphs import elastic
-from conveyor.graphs.compile import Compiled, digest, summary, with_spec_dir
+from conveyor.graphs.compile import Compiled, compile_plan, digest, summary, with_spec_dir
 from conveyor.graphs.even import agreement_for
 from conveyor.graphs.instrument import node_perf
+from conveyor.graphs.listings import ListingCheck, listings_to_check
 from conveyor.graphs.length import UnknownLength, epoch_length
 from conveyor.graphs.watchdog import DEFAULT_AFTER, Watchdog, graph_progress, graph_report
 from conveyor.nodes._skips import LEDGER_KEY, gather, ledgers
@@ -53,6 +54,11 @@ SAFE_PARAMS = frozenset({"workers", "method", "mp_context", "depth", "snapshot_e
                          "concurrency", "attempts", "timeout", "backoff", "backoff_max", "cache",
                          "cache_size", "block_size", "read_ahead",
                          "device", "non_blocking"})
+
+
+# dcp.load({"data": loader}) gives each rank the entry of its own rank number only
+_DCP_HINT = (" (from a torch.distributed.checkpoint folder, conveyor.dcp_states(folder) reads every "
+             "rank's: loader.load_state_dict(conveyor.dcp_states(folder)))")
 
 
 def rank_key(rank: int) -> str:
@@ -151,10 +157,6 @@ class Loader:
     """
 
     def __init__(self, compiled: Compiled):
-        self._c = compiled
-        self._summary = summary(compiled.plan)
-        self._digest = digest(self._summary)
-        self._root = compiled.root
         self._epoch = -1           # the epoch being (or last) iterated
         self._yielded = 0          # batches yielded in that epoch
         self._started = False      # root has been reset for self._epoch
@@ -168,14 +170,63 @@ class Loader:
         self._closed = False
         self._generation = 0  # which iterator is current: an older one is finished
         self._t_start = 0.0
-        self._agree = agreement_for(compiled.plan, compiled.world)  # even batches across ranks
         self._cut = False          # this epoch was ended by the ranks' agreement, not by the data
         self._epochs_cut = 0
+        self._world_ok = False     # the graph's rank and world are torch.distributed's
+        self._used = False         # a batch was taken or a state loaded: the graph cannot be rebuilt
+        self._serial = ListingCheck.serial(digest(summary(compiled.plan)))  # for the ranks' listings
+        self._bind(compiled)
+
+    def _bind(self, compiled: Compiled) -> None:
+        """Run ``compiled``: its nodes, the ranks' agreement and the watchdog."""
+        self._c = compiled
+        self._summary = summary(compiled.plan)
+        self._digest = digest(self._summary)
+        self._root = compiled.root
+        self._length = None
+        self._agree = agreement_for(compiled.plan, compiled.world)  # even batches across ranks
+        listed = listings_to_check(compiled.plan) if compiled.world > 1 else []
+        self._listings = ListingCheck(compiled.plan, listed, self._digest, self._serial, compiled.rank,
+                                      compiled.world) if listed else None
         inner = [compiled.nodes[n].inner for n in reversed(compiled.order) if n in compiled.nodes]
         after = getattr(compiled.plan, "watchdog", DEFAULT_AFTER)
         self._dog = Watchdog(after, progress=graph_progress(compiled), report=graph_report(compiled)) \
             if after else None
         self._finalizer = weakref.finalize(self, _close_nodes, inner, self._dog)
+
+    def _follow_world(self) -> None:
+        """Build the graph again for the rank and world torch.distributed gives, where it was built
+        before ``init_process_group`` for others (from RANK/WORLD_SIZE, or none).
+
+        Lightning's DDP starts its processes with LOCAL_RANK and WORLD_SIZE but no RANK, and sets
+        WORLD_SIZE in the first process only inside ``fit``; ``mp.spawn`` sets neither. A loader
+        built before then was rank 0 of the wrong world on every process: the ranks read the same
+        share (or all of it) and DDP's all-reduces went out of step. While no batch has been taken
+        and no state loaded (built, or only peeked at, its epoch set, its len or state asked), the
+        graph is built again, at the epoch it stood at; after that, it is an error.
+        """
+        if self._world_ok or self._closed or not _dist_ready():
+            return
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if (rank, world) == (self._c.rank, self._c.world):
+            self._world_ok = True  # a process keeps its rank: looked at once
+            return
+        if self._used:
+            raise ConveyorError(
+                f"{self._c.plan.path}: this loader was built and used as rank {self._c.rank} of world "
+                f"{self._c.world} (torch.distributed was not initialised: from RANK/WORLD_SIZE), but "
+                f"torch.distributed runs this process as rank {rank} of world {world}: build the loader "
+                "after init_process_group, or take batches and load states only after")
+        log.info("%s: built as rank %d of world %d before torch.distributed was initialised; built "
+                 "again for rank %d of world %d", self._c.plan.path, self._c.rank, self._c.world, rank, world)
+        self._finalizer()
+        self._bind(compile_plan(self._c.plan))
+        if self._started:  # at the same epoch, from its first batch, as this rank's
+            self._generation += 1
+            self._start(self._epoch, None)
+            self._yielded = 0
 
     # ----- epochs -------------------------------------------------------------------------
     @property
@@ -212,6 +263,7 @@ class Loader:
             >>> for batch in loader: ...     # epoch 3, from its first batch
         """
         self._check_open()
+        self._follow_world()
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"set_epoch: epoch={epoch!r} must be an int >= 0")
         if self._started and not self._taken and not self._exhausted and self._epoch == epoch:
@@ -285,6 +337,7 @@ class Loader:
 
     def __iter__(self) -> Iterator[Any]:
         self._check_open()
+        self._follow_world()
         if not self._started or self._taken or self._exhausted:
             # else: started (by state_dict, peek, set_epoch or a restore) with nothing taken
             # since: this iterator takes that epoch from where it stands
@@ -346,9 +399,11 @@ class Loader:
                     self._c.rank, self._epoch, self._yielded)
             raise StopIteration
         self._yielded += 1
-        self._taken = True
+        self._taken = self._used = True
         if before is not None:
             self._behind.append(before)
+        if self._listings is not None:  # the ranks list the same files (graphs/listings.py)
+            self._listings.after_batch(self._root.state_dict)
         return item
 
     def peek(self) -> Any:
@@ -370,6 +425,7 @@ class Loader:
             >>> for batch in loader: ...                         # starts with that batch
         """
         self._check_open()
+        self._follow_world()
         if not self._started or self._exhausted:
             self._generation += 1  # an iterator that ended stays ended
             self._start(self._epoch + 1, None)
@@ -430,6 +486,7 @@ class Loader:
             ValueError: ``behind`` is more batches than the loader kept.
         """
         self._check_open()
+        self._follow_world()
         if behind:
             kept = self._behind if self._behind is not None else ()
             if not 0 < behind <= len(kept):
@@ -467,6 +524,8 @@ class Loader:
                 error names the node that stops it).
         """
         self._check_open()
+        self._follow_world()  # the rank whose entry this process takes
+        self._used = True
         by_rank = elastic.merged_rank_states(state, rank_states)
         own = by_rank.get(self._c.rank)
         if own is None or (own.get("world"), self._copies_of(own)) != (self._c.world, self._copies_of(None)):
@@ -493,7 +552,8 @@ class Loader:
         if own is None:
             raise StateError(f"the state holds rank(s) {sorted(by_rank)}, this is rank {self._c.rank} of "
                              f"world {self._c.world}: load each rank's own state with the same world "
-                             "size, or the states of every rank of the old run to resume elastically")
+                             "size, or the states of every rank of the old run to resume elastically"
+                             f"{_DCP_HINT}")
         return own
 
     def _copies_of(self, state: dict[str, Any] | None) -> int:
@@ -505,10 +565,14 @@ class Loader:
             raise StateError(f"rank state format {state.get('format')} is not supported (this conveyor "
                              f"writes format {RANK_FORMAT})")
         if not elastic and (state.get("rank"), state.get("world")) != (self._c.rank, self._c.world):
+            one_rank = state.get("world") == self._c.world > 1  # a checkpoint one rank wrote
             raise StateError(f"state was saved by rank {state.get('rank')} of world {state.get('world')}, "
                              f"this is rank {self._c.rank} of world {self._c.world}: load each rank's "
                              "own state with the same world size, or the states of every rank of the "
-                             "old run to resume elastically")
+                             f"old run to resume elastically{_DCP_HINT}"
+                             + ("; Lightning writes rank 0's checkpoint only: add "
+                                "conveyor.lightning.ExactResume() to the trainer's callbacks to keep "
+                                "every rank's state in it" if one_rank else ""))
         saved_w, now_w = state.get("workers") or {}, self._summary["workers"] or {}
         saved_until = saved_w.get("until") if saved_w.get("copies", 1) > 1 else None
         now_until = now_w.get("until") if now_w.get("copies", 1) > 1 else None
@@ -581,6 +645,7 @@ class Loader:
         raises ``TypeError`` naming the node, as ``DataLoader`` does for an iterable dataset.
         With ranks that agree on each epoch's end (``even_batches``), the fewest of any rank.
         """
+        self._follow_world()
         if self._length is None:
             self._check_open()
             try:

@@ -310,3 +310,21 @@ class ListFiles(BaseNode[dict]):
     def get_state(self) -> dict:
         return {self.POS_KEY: self._pos, self.COUNT_KEY: len(self._order),
                 self.DIGEST_KEY: self._digest}
+
+    @classmethod
+    def listings_in(cls, state: Any) -> list[tuple[int, str]]:
+        """(count, digest) of every listing whose state is in ``state`` (a graph's, nested:
+        worker copies' too), in the order found."""
+        keys = {cls.POS_KEY, cls.COUNT_KEY, cls.DIGEST_KEY}
+        found, todo = [], [state]
+        while todo:
+            x = todo.pop()
+            if isinstance(x, dict):
+                if set(x) == keys and isinstance(x[cls.COUNT_KEY], int):
+                    if x[cls.DIGEST_KEY]:  # "" before the listing is made
+                        found.append((x[cls.COUNT_KEY], x[cls.DIGEST_KEY]))
+                else:
+                    todo.extend(reversed(list(x.values())))
+            elif isinstance(x, list):
+                todo.extend(reversed(x))
+        return found

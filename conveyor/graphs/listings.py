@@ -1,0 +1,145 @@
+"""The ranks list the same files: a check, under torch.distributed, that never waits.
+
+Every rank lists its files itself (``list_files``, ``list_lmdb``) and ``shard`` deals it the
+positions of that listing. A file written while the ranks list, a folder that differs from
+node to node, an object store that lists a new object on one node and not yet on another:
+then a rank deals positions of another listing than the others, and the ranks read
+overlapping shares and miss files without a word; with another count they also yield other
+numbers of batches, and DDP's all-reduces go out of step or wait for ever.
+
+``ListingCheck`` puts the count and digest of the rank's listings (from its state: worker
+copies' listings too) in torch.distributed's store when the rank takes its first batch, and
+compares them with the other ranks' once all are there, looking at its 1st, 2nd, 4th, 8th...
+batch: it never waits for another rank (a loader read on one rank only is not held up) and
+costs one store request at those batches. A difference is a ``ConveyorError`` on every rank,
+naming each rank's listing. The listing is made once per loader, so one comparison does.
+Graphs with a listing that no rank shard deals (each rank reading its own folder on purpose)
+are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter
+from typing import Any, Callable
+
+from conveyor.errors import ConveyorError
+from conveyor.nodes.list_files import ListFiles
+
+log = logging.getLogger(__name__)
+
+LISTING_OPS = frozenset({"list_files", "list_lmdb"})
+_serials: Counter[str] = Counter()  # loaders of each spec digest made in this process
+
+
+def _store() -> Any:
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        return dist.distributed_c10d._get_default_store()
+    except (ImportError, AttributeError, RuntimeError, ValueError):
+        return None
+
+
+def _where(params: Any) -> str:
+    return str(getattr(params, "url", None) or getattr(params, "path", "?"))
+
+
+def listings_to_check(plan: Any) -> list[str]:
+    """The listing nodes of ``plan`` when every one of them feeds a rank shard, else []."""
+    from conveyor.graphs.even import _is_rank_shard, _reachable
+
+    reach = _reachable(plan)
+    listings = [n for n in plan.nodes if n in reach and plan.nodes[n].op.name in LISTING_OPS]
+    above_shards: set[str] = set()
+    todo = [n for n in reach if _is_rank_shard(plan.nodes[n])]
+    while todo:
+        for i in plan.nodes[todo.pop()].inputs:
+            if i not in above_shards:
+                above_shards.add(i)
+                todo.append(i)
+    if not listings or any(n not in above_shards for n in listings):
+        return []
+    return listings
+
+
+class ListingCheck:
+    """Compares this rank's listings with every other rank's, through the process group's store.
+
+    Args:
+        plan: the checked spec (names the listing nodes in the error).
+        names: the listing nodes (``listings_to_check``).
+        digest: the spec's digest: the key the ranks share (with the how-many-th loader of that
+            spec this is in the process, so each loader meets its counterparts).
+        rank, world: this process's place.
+    """
+
+    def __init__(self, plan: Any, names: list[str], digest: str, serial: int, rank: int, world: int):
+        self.plan = plan
+        self.names = names
+        self.rank = rank
+        self.world = world
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted job's own keys
+        self.prefix = f"conveyor/listing/{attempt}/{digest}/{serial}/"
+        self.batches = 0
+        self.mine: list[list[Any]] | None = None
+        self.done = False
+
+    @staticmethod
+    def serial(digest: str) -> int:
+        """The next loader's number among this process's loaders of the spec ``digest``."""
+        _serials[digest] += 1
+        return _serials[digest]
+
+    def after_batch(self, graph_state: Callable[[], dict]) -> None:
+        """Called after each batch the rank takes; looks at batches 1, 2, 4, 8...
+
+        Raises:
+            ConveyorError: another rank lists other files.
+        """
+        self.batches += 1
+        if self.done or self.batches & (self.batches - 1):
+            return
+        store = _store()
+        if store is None:
+            self.done = True
+            return
+        try:
+            seen = self._compare(store, graph_state)
+        except (RuntimeError, OSError) as exc:  # the store is gone: the job is ending anyway
+            log.debug("the ranks' listings are not compared: %s", exc)
+            self.done = True
+            return
+        if seen is None or all(v == self.mine for v in seen.values()):
+            return
+        nodes = ", ".join(f"'{n}' ({self.plan.nodes[n].op.name} {_where(self.plan.nodes[n].params)!r})"
+                          for n in self.names)
+
+        def said(listing: list[list[Any]]) -> str:
+            return " and ".join(f"{c} listed (digest {d})" for c, d in listing)
+
+        raise ConveyorError(
+            f"{self.plan.path}: the ranks list different data at {nodes}: "
+            + "; ".join(f"rank {r}: {said(v)}" for r, v in seen.items())
+            + f" (this is rank {self.rank}). A file added or removed while the ranks listed, or a folder "
+            "that differs between nodes: shard deals positions of the listing, so the ranks would read "
+            "overlapping shares, miss files and (with other counts) yield other numbers of batches. "
+            "Give every rank the same files")
+
+    def _compare(self, store: Any, graph_state: Callable[[], dict]) -> dict[int, Any] | None:
+        """Every rank's listings once all ranks have put theirs (this one's first), else None."""
+        if self.mine is None:
+            mine = sorted({(c, d) for c, d in ListFiles.listings_in(graph_state())})
+            if not mine:
+                return None  # worker copies have not reported a state yet
+            self.mine = [list(x) for x in mine]
+            store.set(self.prefix + f"rank{self.rank}", json.dumps(self.mine))
+        keys = [self.prefix + f"rank{r}" for r in range(self.world)]
+        if not store.check(keys):
+            return None
+        self.done = True
+        return {r: json.loads(store.get(k)) for r, k in enumerate(keys)}

@@ -1,0 +1,59 @@
+"""A torchrun job whose ranks list a folder while a file is added to it: rank 0 lists before,
+the others after (tests/test_torchrun.py). Each rank writes what it read, or the error it got,
+to ``OUT/rank<R>.json``; ``--same`` adds no file (both ranks list the same files).
+
+    torchrun --nproc_per_node=2 tests/listing_job.py DATA OUT [--same] [--copies N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch.distributed as dist
+
+from conveyor import ConveyorError, load_graph
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data")
+    ap.add_argument("out")
+    ap.add_argument("--same", action="store_true")
+    ap.add_argument("--copies", type=int, default=1)
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    spec = Path(args.out) / "numbers.yaml"
+    if rank == 0:
+        text = (ROOT / "specs/numbers.yaml").read_text()
+        if args.copies > 1:
+            text = (f"workers: {{copies: {args.copies}, method: process, until: collate}}\n"
+                    + text.replace("by: [rank]", "by: [rank, worker]"))
+        spec.write_text(text)
+    dist.barrier()
+    loader = load_graph(spec, root=args.data, batch_size=4)
+    seen, error = [], None
+    with loader:
+        if rank == 0:
+            loader.peek()  # rank 0 lists the folder
+        dist.barrier()
+        if rank == 0 and not args.same:  # a file lands between the ranks' listings
+            first = sorted(Path(args.data, "even").iterdir())[0]
+            shutil.copy(first, first.with_name("zz-new.txt"))
+        dist.barrier()
+        try:
+            for _ in range(2):
+                seen.append([i for b in loader for i in b["index"].tolist()])
+        except ConveyorError as exc:
+            error = str(exc)
+    Path(args.out, f"rank{rank}.json").write_text(json.dumps({"seen": seen, "error": error}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
