@@ -9,47 +9,33 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import warnings
 from pathlib import Path
 
 import lightning as L
-import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from torch import nn
+from lightning.pytorch.callbacks import ModelCheckpoint
 
 from conveyor import load_graph
 from conveyor.lightning import ExactResume
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+from train_lightning import Classifier, CrashAfter  # noqa: E402 - the example's module and crash
 
 
-class Numbers(L.LightningModule):
+class Numbers(Classifier):
+    """The example's module, building its loader in ``train_dataloader()`` (where DDP has set
+    the rank) and logging each rank's steps to ``LOG.<rank>``."""
+
     def __init__(self, log: str):
-        super().__init__()
-        self.net = nn.Linear(4, 2)
+        super().__init__(None)
         self.log_path = log
-        self.loader = None
 
     def train_dataloader(self):
         self.loader = load_graph(ROOT / "specs/numbers.yaml", batch_size=4)
+        self.log_samples = Path(f"{self.log_path}.{self.global_rank}")
         return self.loader
-
-    def training_step(self, batch, batch_idx):
-        with open(f"{self.log_path}.{self.global_rank}", "a") as f:
-            f.write(f"{self.global_step + 1} {self.current_epoch} {','.join(map(str, batch['index'].tolist()))}\n")
-        return nn.functional.cross_entropy(self.net(batch["x"]), batch["label"] % 2)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-class CrashAfter(Callback):
-    def __init__(self, n: int):
-        self.n = n
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if trainer.global_step >= self.n:
-            raise RuntimeError(f"crash after step {self.n}")
 
 
 def fit(ckpt: str, log: str, crash: int | None) -> None:
