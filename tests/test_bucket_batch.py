@@ -4,6 +4,7 @@ exact resume from every step of two epochs with a state that holds no items."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 from typing import Any
 
@@ -87,7 +88,7 @@ def configs(draw: Any) -> tuple[list[int], dict[str, Any]]:
     multiple = draw(st.sampled_from([None, 1, 8]))
     kw: dict[str, Any] = {"boundaries": bounds, "overflow": overflow, "pool": draw(st.integers(1, 4)),
                           "pad_to_multiple_of": multiple, "seed": draw(st.integers(0, 3)),
-                          "shuffle": draw(st.booleans())}
+                          "shuffle": draw(st.booleans()), "empty": "skip"}  # lengths of 0 too
     if draw(st.booleans()):
         kw["max_tokens"] = draw(st.integers(_padded(bounds[-1], multiple), 1200))
     else:
@@ -109,9 +110,10 @@ def test_every_item_once_in_its_bucket_within_budget(config):
         seen = [x["index"] for b in batches for x in b]
         assert len(seen) == len(set(seen)), "an item came twice"
         over = {i for i, n in enumerate(lengths) if n > bounds[-1]}
-        expected = set(range(len(lengths))) - (over if kw["overflow"] == "skip" else set())
+        empty = {i for i, n in enumerate(lengths) if n == 0}
+        expected = set(range(len(lengths))) - (over if kw["overflow"] == "skip" else set()) - empty
         assert set(seen) == expected
-        assert node.stats()["overflow"] == len(over)
+        assert node.stats()["overflow"] == len(over) and node.stats()["empty"] == len(empty)
         for b in batches:
             assert b, "an empty batch"
             lens = [len(x["input_ids"]) for x in b]
@@ -140,7 +142,7 @@ def test_drop_remainder_counts_what_it_drops(config):
     batches = _epoch(node, src, 0)
     seen = [x["index"] for b in batches for x in b]
     assert len(seen) == len(set(seen))
-    assert len(seen) + node.stats()["dropped"] == len(lengths)
+    assert len(seen) + node.stats()["dropped"] + node.stats()["empty"] == len(lengths)
     if "batch_sizes" in kw and not kw.get("max_pending"):
         for b in batches:  # only forced flushes may leave a batch short
             assert len(b) == kw["batch_sizes"][_bucket(len(b[0]["input_ids"]), kw["boundaries"])]
@@ -192,7 +194,7 @@ def test_resume_with_forced_flushes_and_auto_boundaries():
 
 def test_state_is_small_and_same_shape_every_step():
     lengths = [(i * 37) % 200 for i in range(500)]
-    node, src = _make(lengths, boundaries=[50, 100, 150, 200], max_tokens=1000, max_pending=100)
+    node, src = _make(lengths, boundaries=[50, 100, 150, 200], max_tokens=1000, max_pending=100, empty="skip")
     node.reset()
     shapes = set()
     for _ in node:
@@ -344,3 +346,21 @@ def test_a_budget_that_assumes_less_padding_than_pad_collate_adds_is_a_spec_erro
     (err,) = info.value.errors  # batches over max_tokens, without a word, was what ran
     assert (err.node, err.param, err.line) == ("batch", "pad_to_multiple_of", 5)
     assert "'pad' (pad_collate) pads to a multiple of 8" in err.message and "set pad_to_multiple_of: 8" in err.message
+
+
+def test_an_empty_document_is_an_error_naming_it_or_a_counted_skip(caplog):
+    """Empty rows (wikitext's Parquet has many) tokenize to no ids: sorted together, they were
+    batches 0 tokens wide, such as (1056, 0), that no model can take."""
+    lengths = [0 if i % 3 else 5 for i in range(300)]
+    node, src = _make(lengths, boundaries=[32, 64], max_tokens=2048, pad_to_multiple_of=8)
+    with pytest.raises(SampleError, match=r"item \d+ has length 0 \(an empty document\).*empty: skip"):
+        _epoch(node, src, 0)
+    node, src = _make(lengths, boundaries=[32, 64], max_tokens=2048, pad_to_multiple_of=8, empty="skip")
+    with caplog.at_level(logging.WARNING):
+        batches = _epoch(node, src, 0)
+    assert sorted(x["index"] for b in batches for x in b) == [i for i in range(300) if i % 3 == 0]
+    assert all(len(x["input_ids"]) for b in batches for x in b)
+    assert node.stats()["empty"] == 200 and node.ledger.count == 200
+    assert "length 0, an empty document (empty: skip)" in caplog.text
+    state = json.loads(json.dumps(node.state_dict()))
+    assert state["stats"]["empty"] == 200

@@ -74,6 +74,7 @@ class BucketBatchParams:
     drop_remainder: bool = param(False, doc="drop each bucket's last, partial batch at epoch end")
     overflow: Overflow | None = param(None, doc="raise|skip|truncate|own_bucket; default: own_bucket "
                                                 "with auto boundaries, else raise")
+    empty: OnError = param(OnError.raise_, doc="items of length 0 (empty documents): raise, or skip (counted)")
     auto_buckets: int = param(8, min=1, doc="buckets that boundaries: auto makes")
     auto_sample: int = param(1000, min=1, doc="items boundaries: auto looks at")
     max_pending: int | None = param(None, min=1, doc="most input items a restore replays")
@@ -85,7 +86,8 @@ def _build_bucket_batch(p: BucketBatchParams, inputs: list[BaseNode], ctx: Build
     return BucketBatch(inputs[0], length=length, boundaries=p.boundaries, batch_sizes=p.batch_sizes,
                        max_tokens=p.max_tokens, pad_to_multiple_of=p.pad_to_multiple_of, pool=p.pool,
                        shuffle=p.shuffle, drop_remainder=p.drop_remainder,
-                       overflow=p.overflow.value if p.overflow else None, auto_buckets=p.auto_buckets,
+                       overflow=p.overflow.value if p.overflow else None, empty=p.empty.value,
+                       auto_buckets=p.auto_buckets,
                        auto_sample=p.auto_sample, max_pending=p.max_pending, seed=ctx.seed_for(p.seed),
                        rank=ctx.rank, where=ctx.where)
 

@@ -25,7 +25,10 @@ item's file and line), ``skip`` (counted, the first few logged, each named in th
 that ``Loader.skipped()`` reads), ``truncate`` (the ``length`` field cut to the last
 boundary, and with it every other sequence field of the same length, such as ``labels`` or
 ``attention_mask``, so they stay aligned), or ``own_bucket`` (one more bucket without an upper
-bound). ``boundaries="auto"`` takes length quantiles of the first ``auto_sample`` items of the
+bound). Items of length 0 (an empty document, or a text a tokenizer maps to no ids) follow
+``empty``: ``raise`` (``SampleError`` naming the item) or ``skip`` (counted in
+``stats()["empty"]``, logged and named as overflow's are): sorted together, they made batches
+0 tokens wide (``(1056, 0)``), which no model can take. ``boundaries="auto"`` takes length quantiles of the first ``auto_sample`` items of the
 first epoch (logged at INFO, shown in ``stats()``, kept in the state so a resumed run uses the
 same).
 
@@ -76,6 +79,7 @@ from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 log = logging.getLogger(__name__)
 
 OVERFLOW = ("raise", "skip", "truncate", "own_bucket")
+EMPTY = ("raise", "skip")
 DEFAULT_POOL = 8
 NONE, ALL = -1, -2  # state "emitting": no pool, or the end-of-epoch flush of every pool
 _INF = float("inf")
@@ -159,6 +163,7 @@ class BucketBatch(BaseNode[list]):
         drop_remainder: at the epoch's end, drop each bucket's last batch when it is not full.
         overflow: ``raise``, ``skip``, ``truncate`` or ``own_bucket`` for items longer than the
             last boundary; ``None``: ``own_bucket`` with ``boundaries="auto"``, else ``raise``.
+        empty: ``raise`` or ``skip`` for items of length 0.
         auto_buckets: buckets that ``"auto"`` makes (fewer when quantiles coincide).
         auto_sample: items ``"auto"`` reads to choose the boundaries.
         max_pending: the most input items a restore replays (pools older than that are flushed
@@ -189,7 +194,8 @@ class BucketBatch(BaseNode[list]):
                  boundaries: Sequence[int] | str, batch_sizes: Sequence[int] | None = None,
                  max_tokens: int | None = None, pad_to_multiple_of: int | None = None,
                  pool: int = DEFAULT_POOL, shuffle: bool = True, drop_remainder: bool = False,
-                 overflow: str | None = None, auto_buckets: int = 8, auto_sample: int = 1000,
+                 overflow: str | None = None, empty: str = "raise", auto_buckets: int = 8,
+                 auto_sample: int = 1000,
                  max_pending: int | None = None, seed: int = 0, rank: int = 0, where: str | None = None):
         super().__init__()
         auto = boundaries == "auto"
@@ -201,6 +207,8 @@ class BucketBatch(BaseNode[list]):
         overflow = overflow or ("own_bucket" if auto else "raise")
         if overflow not in OVERFLOW:
             raise ValueError(f"{overflow=} must be one of {OVERFLOW}")
+        if empty not in EMPTY:
+            raise ValueError(f"{empty=} must be one of {EMPTY}")
         if (batch_sizes is None) == (max_tokens is None):
             raise ValueError(f"give exactly one of batch_sizes and max_tokens ({batch_sizes=}, {max_tokens=})")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
@@ -235,6 +243,7 @@ class BucketBatch(BaseNode[list]):
         self.shuffle = shuffle
         self.drop_remainder = drop_remainder
         self.overflow = overflow
+        self.empty = empty
         self.auto_buckets = auto_buckets
         self.auto_sample = auto_sample
         self._max_pending_arg = max_pending
@@ -247,7 +256,7 @@ class BucketBatch(BaseNode[list]):
         if self.boundaries is not None:
             self._set_boundaries(self.boundaries)
         self._stats = self._zero_stats()
-        self.ledger = SkipLedger()  # the items overflow: skip left out, since the run began
+        self.ledger = SkipLedger()  # the items overflow: skip and empty: skip left out, since the run began
 
     # ----- configuration ------------------------------------------------------------------
     def _set_boundaries(self, bounds: list[int]) -> None:
@@ -273,7 +282,7 @@ class BucketBatch(BaseNode[list]):
     def _zero_stats(self) -> dict[str, Any]:
         n = getattr(self, "n_buckets", 0)
         return {"real": 0, "padded": 0, "batches": [0] * n, "overflow": 0, "dropped": 0, "oversize": 0,
-                "forced": 0}
+                "forced": 0, "empty": 0}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -283,7 +292,8 @@ class BucketBatch(BaseNode[list]):
         return {"padding_efficiency": round(s["real"] / s["padded"], 4) if s["padded"] else 1.0,
                 "real_tokens": s["real"], "padded_tokens": s["padded"],
                 "batches_per_bucket": list(s["batches"]), "boundaries": list(self.boundaries or []),
-                "overflow": s["overflow"], "dropped": s["dropped"], "oversize": s["oversize"],
+                "overflow": s["overflow"], "empty": s["empty"], "dropped": s["dropped"],
+                "oversize": s["oversize"],
                 "forced_flushes": s["forced"]}
 
     def _padded(self, n: int) -> int:
@@ -355,7 +365,7 @@ class BucketBatch(BaseNode[list]):
         src = initial_state[self.SOURCE_KEY]
         self.source.reset(src)
         self._clear()
-        stats = initial_state[self.STATS_KEY]
+        stats = {"empty": 0, **initial_state[self.STATS_KEY]}  # (a state from before empty: counts)
         self._stats = {k: (list(v) if isinstance(v, list) else v) for k, v in stats.items()}
         self.ledger.load(initial_state.get(LEDGER_KEY))  # as saved: the replay does not add to it
         self._snaps = [_Snap(0, src, [0] * self.n_buckets)]
@@ -421,6 +431,15 @@ class BucketBatch(BaseNode[list]):
                 n = self._len(item)
         else:
             n = self._len(item)
+        if not n:
+            if self.empty == "raise":
+                raise SampleError(f"{self.where}: {_where(item)} has length 0 (an empty document): sorted "
+                                  "together such items make batches 0 tokens wide; set empty: skip to "
+                                  "count and skip them, or filter them out before")
+            if not self._replaying:
+                self._stats["empty"] += 1
+                self._skip(item, "length 0, an empty document (empty: skip)")
+            return -1
         bounds = self.boundaries
         b = bisect_left(bounds, n)  # type: ignore[arg-type]
         if b == self._n_bounds:
@@ -432,7 +451,7 @@ class BucketBatch(BaseNode[list]):
                                   "boundary, or truncate earlier (the tokenizer's max_length)")
             if self.overflow == "skip":
                 if not self._replaying:
-                    self._skip(item, n)
+                    self._skip(item, f"length {n}, over the last boundary {bounds[-1]} (overflow: skip)")  # type: ignore[index]
                 return -1
             if self.overflow == "truncate":
                 item = _truncated(item, self.length, n, bounds[-1])  # type: ignore[arg-type,index]
@@ -450,10 +469,10 @@ class BucketBatch(BaseNode[list]):
         self._pool_tokens[b] += n if self._by_tokens and n else 1
         return b
 
-    def _skip(self, item: Any, n: int) -> None:
-        """Name an item ``overflow: skip`` leaves out: in the skip ledger, and logged (the first few)."""
+    def _skip(self, item: Any, why: str) -> None:
+        """Name an item ``overflow: skip`` or ``empty: skip`` leaves out: in the skip ledger, and
+        logged (the first few)."""
         sample = sample_id(item)
-        why = f"length {n}, over the last boundary {self.boundaries[-1]} (overflow: skip)"  # type: ignore[index]
         self.ledger.add(sample, "SampleError", why)
         log_skip(log, self.ledger.count, f"{self.where}: skipped {sample}: {why}")
 
