@@ -484,10 +484,13 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
         # read as the graph reads them (a byte order mark, blank lines, .gz; a bad line named
         # file:line): json.loads per line failed on what read_jsonl takes, naming no file
         records = ReadJsonl(IterableWrapper([{"path": p, "index": i} for i, p in enumerate(paths)]), field=None)
-        for record in records:
-            text = record.get(field)
-            if isinstance(text, str):
-                yield text
+        try:
+            for record in records:
+                text = record.get(field)
+                if isinstance(text, str):
+                    yield text
+        finally:  # also when the trainer stops reading early or fails: the open file
+            records.close()
 
     byte_level = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())
