@@ -36,7 +36,7 @@ from conveyor.errors import ConveyorError, StateError
 from conveyor.graphs import elastic
 from conveyor.graphs.compile import Compiled, compile_plan, digest, summary, with_spec_dir
 from conveyor.graphs.even import agreement_for
-from conveyor.graphs.instrument import node_perf
+from conveyor.graphs.stats import node_perf
 from conveyor.graphs.listings import ListingCheck, listings_to_check
 from conveyor.graphs.length import UnknownLength, epoch_length
 from conveyor.graphs.watchdog import DEFAULT_AFTER, Watchdog, graph_progress, graph_report
