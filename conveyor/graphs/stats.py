@@ -3,19 +3,24 @@
 ``node_perf`` turns the counters of ``Counted`` (conveyor/graphs/instrument.py) into per-node
 figures: busy seconds (its own work: its time minus its same-thread inputs' time, or ``fn``
 time on the workers), wait seconds (time spent getting items from its inputs), items/s and
-how full its queue ran.
+how full its queue ran. ``epoch_stats`` is ``Loader.stats()``: those figures with what each
+node counts itself, for the current epoch; ``skip_ledger`` is ``Loader.skipped()``: the
+samples ``on_error: skip`` left out, from this process's nodes and the worker copies'.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from torchdata.nodes import BaseNode
 
+from conveyor.nodes._skips import LEDGER_KEY, gather, ledgers
 from conveyor.nodes.copies import WorkerCopies
 from conveyor.nodes.map import Map
 
 if TYPE_CHECKING:
+    from conveyor.graphs.epochs import Epochs
     from conveyor.graphs.instrument import Counted
 
 
@@ -112,3 +117,52 @@ def node_perf(counted: Mapping[str, Counted], inputs: Mapping[str, Iterable[str]
             out[n]["thread"] = label
     return out
 
+
+# ----- the loader's stats() and skipped() --------------------------------------------------
+
+def epoch_stats(epochs: Epochs) -> dict[str, Any]:
+    """What each node did in the current epoch, as plain data (``Loader.stats()``)."""
+    run = epochs.run
+    c = run.compiled
+    nodes = {}
+    copies = run.copies()
+    from_copies = copies.copy_stats() if copies is not None else {}
+    elapsed = time.perf_counter() - epochs.t_start if epochs.started else 0.0
+    wall = elapsed + run.root.reset_seconds if epochs.started else 0.0
+    perf = node_perf(c.nodes, {n: c.plan.nodes[n].inputs for n in c.nodes},
+                     {n: counted.raw() for n, counted in c.nodes.items()}, wall)
+    for name in c.order:
+        entry: dict[str, Any] = {"op": c.plan.nodes[name].op.name}
+        if name in from_copies:  # counted inside the worker copies, summed over them
+            entry.update(from_copies[name])
+        counted = c.nodes.get(name)
+        if counted is not None:
+            entry["items"] = counted.items
+            own = getattr(counted.inner, "stats", None)
+            if callable(own):
+                entry.update(own())
+        entry["perf"] = perf.get(name)
+        nodes[name] = entry
+    return {"epoch": epochs.epoch, "batches": epochs.yielded, "seconds": elapsed,
+            "data_wait_s": round(run.root.seconds, 6), "nodes": nodes,
+            "even_batches": {"agreeing": run.ranks.agreeing,
+                             "epochs_cut": epochs.epochs_cut,
+                             "this_epoch_cut": epochs.cut}}
+
+
+def skip_ledger(epochs: Epochs) -> dict[str, Any]:
+    """The ledger of the samples ``on_error: skip`` left out, since the run began
+    (``Loader.skipped()``)."""
+    if not epochs.started:
+        return {"count": 0, "entries": []}  # nothing ran yet (and nothing is started to ask)
+    c = epochs.run.compiled
+    # the nodes of this process are read live (their ledgers in a state are as of the point a
+    # restore would replay from), and those of worker copies as the copies last reported them
+    live = [counted.inner.ledger.state() for counted in c.nodes.values()
+            if getattr(counted.inner, "ledger", None) is not None]
+    if c.copied:
+        copies = epochs.run.copies()
+        live += (copies.copy_ledgers() if copies is not None
+                 else list(ledgers(epochs.rank_state()["graph"], set(c.copied))))
+    entries, count = gather([{LEDGER_KEY: ledger} for ledger in live])
+    return {"count": count, "entries": entries}
