@@ -16,7 +16,6 @@ process group's store (``conveyor/graphs/listings.py``).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
 
 from conveyor.errors import ConveyorError
 from conveyor.graphs.compile import Compiled
@@ -60,8 +59,9 @@ def world_moved(compiled: Compiled, used: bool) -> bool:
 
 
 class Ranks:
-    """What the ranks of one compiled graph do together: agree on each epoch's end, and
-    check that they list the same files.
+    """What the ranks of one compiled graph do together: agree on each epoch's end (``agree``,
+    asked before each batch), and check that they list the same files (``listings``, told after
+    each batch; None where there is nothing to check).
 
     Args:
         compiled: the graph.
@@ -75,12 +75,9 @@ class Ranks:
         self.listings = ListingCheck(compiled.plan, listed, digest, serial, compiled.rank,
                                      compiled.world) if listed else None
 
-    def all_have(self, have: bool) -> bool:
-        """Whether every rank has a next batch (``have``: this one's); every rank calls it."""
-        return have if self.agree is None else self.agree.all_have(have)
-
     def all_have_if_up(self, have: bool) -> bool:
-        """``all_have`` once torch.distributed is up; before it, this rank's ``have``."""
+        """Whether every rank has a next batch (``have``: this one's), once torch.distributed is
+        up (before it, ``have``); every rank calls it."""
         return self.agree.all_have(have) if self.agree is not None and dist_ready() else have
 
     def counted(self, rank: int, world: int) -> list[int]:
@@ -91,8 +88,3 @@ class Ranks:
     @property
     def agreeing(self) -> bool:
         return self.agree is not None and self.agree.active is not False
-
-    def after_batch(self, graph_state: Callable[[], Any]) -> None:
-        """After each batch this rank takes: the ranks list the same files (graphs/listings.py)."""
-        if self.listings is not None:
-            self.listings.after_batch(graph_state)

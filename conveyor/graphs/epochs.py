@@ -178,6 +178,7 @@ class Epochs:
         if self.behind is None:  # decided once: kept where a consumer may read ahead (below)
             self.behind = deque(maxlen=KEEP_BEHIND if known_length() is None else 0)
         before = self.rank_state() if self.behind.maxlen else None
+        run = self.run
         have = True
         if self.peeked:
             item = self.peeked.pop()
@@ -185,10 +186,11 @@ class Epochs:
             have = item is not END
         else:
             try:
-                item = self.run.pull()
+                item = run.pull()
             except StopIteration:
                 have = False
-        if not self.run.ranks.all_have(have):  # every rank calls it
+        agree = run.ranks.agree  # the ranks agree on each epoch's end: every rank asks
+        if not (have if agree is None else agree.all_have(have)):
             self.exhausted = True
             if have:  # another rank ran out first: this rank's rest of the epoch stays unread
                 self.cut = True
@@ -196,13 +198,15 @@ class Epochs:
                 (log.warning if self.epochs_cut == 1 else log.info)(
                     "rank %d: epoch %d ends after %d batches, where another rank ran out; this rank's "
                     "remaining batches are left unread (even_batches keeps DDP from hanging)",
-                    self.run.compiled.rank, self.epoch, self.yielded)
+                    run.compiled.rank, self.epoch, self.yielded)
             raise StopIteration
         self.yielded += 1
         self.taken = self.used = True
         if before is not None:
             self.behind.append(before)
-        self.run.ranks.after_batch(self.run.root.state_dict)  # the ranks list the same files
+        listings = run.ranks.listings
+        if listings is not None:  # the ranks list the same files (graphs/listings.py)
+            listings.after_batch(run.root.state_dict)
         return item
 
     def peek(self) -> Any:
