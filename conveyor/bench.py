@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from conveyor.graphs.compile import compile_plan
-from conveyor.graphs.instrument import Counted, add_raw, node_perf
+from conveyor.graphs.instrument import Counted
 from conveyor.graphs.loader import Loader
+from conveyor.graphs.stats import add_raw, node_perf
 from conveyor.graphs.validate import Plan
 
 _SIZE_EVERY = 32  # a node's item size is measured on its 1st item and every 32nd after

@@ -9,7 +9,7 @@ import pytest
 
 from conveyor import Graph, SpecErrors, check_spec, load_graph
 from conveyor.files import read_numbers
-from conveyor.graphs.compile import digest, summary
+from conveyor.graphs.state import digest, summary
 from resume_check import fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import conveyor.graphs.loader as loader_mod
+import conveyor.graphs.distributed as distributed_mod
 from conveyor import SpecErrors, check_spec, load_graph
-from conveyor.graphs.loader import rank_states
+from conveyor.graphs.state import rank_states
 from resume_check import fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,7 +90,7 @@ def test_an_epoch_cut_by_the_other_ranks_resumes_at_the_next_epoch(monkeypatch) 
     with load_graph(spec, batch_size=4) as plain:
         reference = [[fingerprint(b) for b in plain] for _ in range(2)]
     assert len(reference[0]) == 10
-    monkeypatch.setattr(loader_mod, "agreement_for", lambda plan, world: _StopAfter(3))
+    monkeypatch.setattr(distributed_mod, "agreement_for", lambda plan, world: _StopAfter(3))
     with load_graph(spec, batch_size=4) as cut:
         first = [fingerprint(b) for b in cut]
         state = cut.state_dict()
@@ -98,7 +98,7 @@ def test_an_epoch_cut_by_the_other_ranks_resumes_at_the_next_epoch(monkeypatch) 
     assert first == reference[0][:3]  # the other ranks ran out after 3: so does this one
     assert rank_states(state)[0]["cut"] is True and rank_states(state)[0]["yielded"] == 3
     assert stats == {"agreeing": True, "epochs_cut": 1, "this_epoch_cut": True}
-    monkeypatch.setattr(loader_mod, "agreement_for", lambda plan, world: None)
+    monkeypatch.setattr(distributed_mod, "agreement_for", lambda plan, world: None)
     with load_graph(spec, batch_size=4) as resumed:
         resumed.load_state_dict(state)
         after = [fingerprint(b) for b in resumed]
@@ -107,7 +107,7 @@ def test_an_epoch_cut_by_the_other_ranks_resumes_at_the_next_epoch(monkeypatch) 
 
 
 def test_a_rank_that_runs_out_first_is_not_counted_as_cut(monkeypatch) -> None:
-    monkeypatch.setattr(loader_mod, "agreement_for", lambda plan, world: _StopAfter(100))
+    monkeypatch.setattr(distributed_mod, "agreement_for", lambda plan, world: _StopAfter(100))
     with load_graph(ROOT / "specs/numbers.yaml", batch_size=4) as loader:
         assert sum(1 for _ in loader) == 10
         assert loader.stats()["even_batches"]["epochs_cut"] == 0

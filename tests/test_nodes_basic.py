@@ -28,7 +28,7 @@ from conveyor.nodes.pin_memory import PinMemory
 from conveyor.nodes.prefetch import Prefetch
 from conveyor.nodes.shard import Shard
 from conveyor.nodes.shuffle_buffer import ShuffleBuffer
-from conveyor.graphs.loader import rank_states
+from conveyor.graphs.state import rank_states
 
 NUMBERS = Path(__file__).resolve().parent.parent / "examples" / "data" / "numbers"
 
@@ -845,7 +845,7 @@ def test_loader_strict_false_loads_and_logs(loader_spec, caplog):
     with conveyor.load_graph(loader_spec) as loader:
         state = loader.state_dict()
     with conveyor.load_graph(loader_spec, batch_size=4, workers=1) as other:
-        with caplog.at_level(logging.INFO, logger="conveyor.graphs.loader"):
+        with caplog.at_level(logging.INFO, logger="conveyor.graphs.state"):
             other.load_state_dict(state, strict=False)
         batches = indices(other)
     assert len(batches) == 10 and sorted(sum(batches, [])) == list(range(40))

@@ -17,7 +17,7 @@ from conveyor.nodes.list_files import ListFiles
 from conveyor.nodes.read_tar import ReadTar
 from conveyor.pack import add_parser, pack, run
 from conveyor.storage import parse_size
-from conveyor.graphs.loader import rank_states
+from conveyor.graphs.state import rank_states
 from resume_check import check_resume, run_with_states
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conveyor import StateError, load_graph
-from conveyor.graphs.loader import rank_states
+from conveyor.graphs.state import rank_states
 from resume_check import check_resume, fingerprint, remaining, run_with_states
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ from conveyor.nodes.map import Map
 from conveyor.nodes.pad_collate import PadCollate, pad_collate
 from conveyor.nodes.read_jsonl import ReadJsonl
 from conveyor.text import byte_tokenize, load_vocab, vocab_tokenize
-from conveyor.graphs.loader import rank_states
+from conveyor.graphs.state import rank_states
 from resume_check import check_resume, run_with_states
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import torch
 
 from conveyor import ConveyorError, StateError, load_graph
 from conveyor.cli import main as cli_main
-from conveyor.graphs.loader import rank_states
+from conveyor.graphs.state import rank_states
 from resume_check import fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -215,7 +215,7 @@ def test_peek_takes_nothing_and_says_when_there_is_nothing(caplog):
     with pytest.raises(RuntimeError, match="closed"):
         loader.peek()
     with load_graph(NUMBERS, batch_size=8) as loader:
-        with caplog.at_level(logging.WARNING, logger="conveyor.graphs.loader"):
+        with caplog.at_level(logging.WARNING, logger="conveyor.graphs.epochs"):
             for _ in range(3):
                 it = iter(loader)
                 next(it)
@@ -230,7 +230,7 @@ def test_safe_param_changes_load_under_strict_and_data_changes_do_not(caplog):
         state = loader.state_dict()
         rest = _ids(it)
     with load_graph(NUMBERS, batch_size=8, workers=0) as other:  # inline map: same data
-        with caplog.at_level(logging.INFO, logger="conveyor.graphs.loader"):
+        with caplog.at_level(logging.INFO, logger="conveyor.graphs.state"):
             other.load_state_dict(state)
         assert _ids(other) == rest
     assert any("param 'workers': saved 2, now 0 (safe" in r.getMessage() for r in caplog.records)

@@ -3,13 +3,12 @@
 Each built node is wrapped in a ``Counted`` node (graphs/instrument.py) that counts the
 items it emits and the time spent in it for ``loader.stats()`` without changing the state:
 ``Counted`` hands its inner node's state through unchanged, so a state is the same with or
-without instrumentation.
+without instrumentation. A node's params as plain data (``node_params``) are what a state
+and ``conveyor show`` name; the graph's summary and digest in a state are graphs/state.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -52,40 +51,6 @@ def node_params(plan_params: Any) -> dict[str, Any]:
         return {}
     return {f.name: plain(getattr(plan_params, f.name)) for f in fields(plan_params)
             if f.name not in SECRET_PARAMS}
-
-
-def with_spec_dir(value: Any, spec_dir: str) -> Any:
-    """Plain ``value`` with every string that starts with the folder ``spec_dir`` written as
-    ``${spec_dir}`` and the rest, so that a checkout moved elsewhere has the same summary
-    (and a state taken in one place loads in the other)."""
-    if isinstance(value, str):
-        if spec_dir not in ("", "/") and (value == spec_dir or value.startswith(spec_dir + "/")):
-            return "${spec_dir}" + value[len(spec_dir):]
-        return value
-    if isinstance(value, list):
-        return [with_spec_dir(v, spec_dir) for v in value]
-    if isinstance(value, dict):
-        return {k: with_spec_dir(v, spec_dir) for k, v in value.items()}
-    return value
-
-
-def summary(plan: Plan) -> dict[str, Any]:
-    """The compiled graph as plain data: per node its op, params (paths under the spec's folder
-    as ``${spec_dir}/...``) and inputs; and the output."""
-    copies = getattr(plan, "copies", None)
-    spec_dir = getattr(plan, "spec_dir", "")
-    return {
-        "nodes": {n: {"op": p.op.name, "params": with_spec_dir(node_params(p.params), spec_dir),
-                      "inputs": list(p.inputs)}
-                  for n, p in plan.nodes.items()},
-        "output": plan.output,
-        "workers": None if copies is None else {"copies": copies.count, "method": copies.method,
-                                                "until": copies.until},
-    }
-
-
-def digest(spec_summary: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(spec_summary, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass

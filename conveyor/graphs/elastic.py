@@ -1,8 +1,9 @@
 """Elastic resume: continue an epoch that was interrupted on another world size or number of
 worker copies.
 
-``Loader.load_state_dict`` hands this module the states of *all* ranks of the old run (a
-list, or a mapping such as a distributed checkpoint gives back). For each old rank it walks
+``Loader.load_state_dict`` hands this module the states it was given (``resume_plan``): where
+they are those of *all* ranks of an old run of another world size or number of worker copies
+(a list, or a mapping such as a distributed checkpoint gives back), for each old rank it walks
 the graph from the output down to the ``shard``, each op translating what was consumed of
 its output into what was consumed of its input (``OpSpec.elastic``, a ``Cursor`` from
 ``conveyor/nodes/_elastic.py``), and worker copies splitting the merge into its copies. At
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from conveyor.errors import StateError
 from conveyor.graphs.ops import BuildContext, shard_slot
@@ -31,6 +32,9 @@ from conveyor.graphs.validate import Plan
 from conveyor.nodes._elastic import Cursor, deal_end, encode_bits, remaining, slot_items
 from conveyor.nodes.copies import WorkerCopies
 from conveyor.nodes.shard import Shard, count_items
+
+if TYPE_CHECKING:
+    from conveyor.graphs.state import States
 
 log = logging.getLogger(__name__)
 
@@ -52,20 +56,6 @@ class ElasticContext:
     build: BuildContext
     epoch: int
     left_after: Callable[[Cursor], int]
-
-
-def merged_rank_states(states: Any, decode: Callable[[Any], dict[int, dict]]) -> dict[int, dict]:
-    """Every rank's state in ``states`` (a loader state, several merged into one dict, or a list
-    or tuple of them), decoded by ``decode`` (``loader.rank_states``), by rank."""
-    if not isinstance(states, (list, tuple)):
-        return decode(states)
-    out: dict[int, dict] = {}
-    for one in states:
-        for rank, state in decode(one).items():
-            if rank in out and out[rank] != state:
-                raise StateError(f"two different states for rank {rank}")
-            out[rank] = state
-    return out
 
 
 def dcp_states(checkpoint_id: Any, key: str = "data") -> dict[str, Any]:
@@ -104,6 +94,33 @@ def complete(by_rank: dict[int, dict]) -> bool:
     """Whether ``by_rank`` holds every rank of one run."""
     worlds = {s.get("world") for s in by_rank.values()}
     return len(worlds) == 1 and sorted(by_rank) == list(range(worlds.pop() or 0))
+
+
+def resume_plan(states: States, by_rank: dict[int, dict], strict: bool) -> dict[str, Any] | None:
+    """What a loader does with the decoded rank states ``by_rank`` it was given.
+
+    Where this rank's own state is there, from a run of this world and worker copies, None:
+    the loader restores it as it is. Where instead ``by_rank`` is every rank of a run of
+    another world size or number of copies, the plan of an elastic resume (``plan_resume``),
+    each state checked to fit this graph first; else None (the loader's own check names what
+    is missing).
+
+    Args:
+        states: the loader's graph, rank and world (``conveyor/graphs/state.py``).
+        by_rank: the states given, decoded (``state.merged_rank_states``).
+        strict: refuse params that change the data.
+
+    Raises:
+        StateError: a state does not fit, or the graph cannot resume elastically.
+    """
+    own = by_rank.get(states.rank)
+    if own is not None and (own.get("world"), states.copies(own)) == (states.world, states.copies()):
+        return None
+    if not complete(by_rank):
+        return None
+    for one in by_rank.values():
+        states.check_fits(one, strict, elastic=True)
+    return plan_resume(states.plan, list(by_rank.values()))
 
 
 def _where(plan: Plan, name: str) -> str:

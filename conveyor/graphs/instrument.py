@@ -15,9 +15,7 @@ current epoch:
 - queue samples for buffered nodes (prefetch, map with workers, worker copies): how many
   items were ready when the caller asked, sampled every few calls.
 
-``node_perf`` turns these counters into what a user reads: per node, busy seconds (its own
-work: its time minus its same-thread inputs' time, or ``fn`` time on the workers), wait
-seconds (time spent getting items from its inputs), items/s and how full its queue ran.
+graphs/probes.py reads the last two inside the node; graphs/stats.py makes figures of them all.
 
 Timing a call costs two ``perf_counter`` calls and a few attribute updates: ~300 ns inside
 a real pipeline, several percent of a graph whose items cost ~20 us, nothing next to a JPEG
@@ -43,15 +41,13 @@ import random
 import threading
 import time
 from functools import partial
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable
 
 import torch.autograd.profiler as _profiler
 from torchdata.nodes import BaseNode
 
+from conveyor.graphs.probes import Work, queue_probe, time_map_fn
 from conveyor.nodes._chunks import pull
-from conveyor.nodes.copies import WorkerCopies
-from conveyor.nodes.map import Map
-from conveyor.nodes.prefetch import Prefetch
 
 _clock = time.perf_counter
 _QUEUE_EVERY = 4  # a buffered node samples its queue on every 4th timed call
@@ -80,70 +76,6 @@ def _clock_cost() -> float:
     return best
 
 
-class _Work:
-    """Seconds spent in a threaded map's ``fn``, summed over its worker threads."""
-
-    __slots__ = ("seconds", "trace")
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.trace: Callable[[float, float], None] | None = None
-
-
-class _TimedFn:
-    """Wraps a threaded map's ``fn``: adds the time spent in it to a ``_Work``."""
-
-    def __init__(self, fn: Callable, work: _Work):
-        self.fn = fn
-        self.work = work
-        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
-        self.__wrapped__ = fn
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        t0 = _clock()
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            t1 = _clock()
-            work = self.work
-            work.seconds += t1 - t0
-            if work.trace is not None:
-                work.trace(t0, t1)
-
-
-def _time_map_fn(inner: BaseNode, work: _Work) -> bool:
-    """Time ``fn`` of a map with thread workers; False where that is not possible."""
-    if not isinstance(inner, Map) or inner.workers == 0 or inner.method != "thread":
-        return False
-    call = getattr(inner, "call", None)
-    fn = getattr(call, "fn", None)
-    if fn is None:
-        return False
-    if not isinstance(fn, _TimedFn):
-        call.fn = _TimedFn(fn, work)
-    return True
-
-
-def _queue_probe(inner: BaseNode) -> tuple[Callable[[], int], int] | None:
-    """(a callable giving the items ready, the queue's capacity) for buffered nodes.
-
-    torchdata keeps its queues a few attributes deep; anything unexpected gives None.
-    """
-    try:
-        if isinstance(inner, Prefetch):
-            return inner.ready, int(inner.depth)
-        if isinstance(inner, Map) and inner._pool is not None:
-            return inner._pool.ready, int(inner._pool.window)
-        if isinstance(inner, Map) and inner._pm is not None:
-            it = inner._pm._it._it
-            return it._out_q.qsize, int(it._max_tasks)
-        if isinstance(inner, WorkerCopies):
-            return inner.ready, int(inner.chunk) * inner.copies
-    except (AttributeError, NotImplementedError, OSError, TypeError):
-        return None
-    return None
-
-
 def _dispatch(c: "Counted", item: Any, t0: float, t1: float) -> None:
     for watcher in c._watchers:
         watcher(c, item, t0, t1)
@@ -169,18 +101,15 @@ class Counted(BaseNode):
     The counters run for a whole epoch (the loader zeroes them by setting ``items = 0``),
     also across resets of the inner node within the epoch.
 
-    Timing every call costs ~300 ns per item and node inside a real pipeline, several percent
-    of a cheap per-item graph (benchmarks/stats_overhead.py). So calls are timed in groups:
-    the outermost ``Counted`` running in a thread (the one a background thread or the caller
-    pulls from) times its first ``_ADAPT`` calls (a short run is timed whole; fewer when they
-    made ``_ADAPT_NESTED`` timed calls below them), then one call
-    in ``every``, drawn at random, where ``every`` (1 to ``_MAX_EVERY``) keeps the cost near
-    ``_TARGET`` of the calls' time; the nodes it calls in the same thread are timed during
-    exactly those calls, and each timed call counts ``every`` times. Estimates stay
-    unbiased, and a node's own time (its time minus its inputs') subtracts figures taken over
-    the same calls. The other calls of nested nodes take a bare path (one check more than no
-    wrapper). Items are always counted exactly, resets are always timed, and with a watcher
-    attached (``conveyor bench``, ``--trace``) every call is timed.
+    Calls are timed in groups (the module's docstring says why): the outermost ``Counted``
+    running in a thread (the one a background thread or the caller pulls from) times its first
+    ``_ADAPT`` calls (fewer when they made ``_ADAPT_NESTED`` timed calls below them), then one
+    call in ``every``, drawn at random, where ``every`` (1 to ``_MAX_EVERY``) keeps the cost
+    near ``_TARGET`` of the calls' time; the nodes it calls in the same thread are timed during
+    exactly those calls, and each timed call counts ``every`` times, so a node's own time (its
+    time minus its inputs') subtracts figures taken over the same calls. The other calls of
+    nested nodes take a bare path (one check more than no wrapper). Items are always counted
+    exactly, and resets always timed.
 
     Args:
         inner: the node to measure.
@@ -207,8 +136,8 @@ class Counted(BaseNode):
         self.seconds = 0.0
         self.reset_seconds = 0.0  # the part of ``seconds`` spent in reset (epoch starts)
         self.tid: int | None = None  # the thread of the first call after the last reset
-        self.work = _Work()
-        self.timed_fn = _time_map_fn(inner, self.work)
+        self.work = Work()
+        self.timed_fn = time_map_fn(inner, self.work)
         self._watchers: tuple[Watcher, ...] = ()
         self._hook: Callable[..., None] | None = None
         self._probing = False
@@ -284,7 +213,7 @@ class Counted(BaseNode):
         super().reset(initial_state)  # after the inner reset: a failed one leaves both unreset
         self.tid = None
         self._unplace()
-        probe = _queue_probe(self.inner)
+        probe = queue_probe(self.inner)
         if probe is None:
             self._probing, self._qsize = False, None
         else:
@@ -470,99 +399,3 @@ class BareCounted(Counted):
         return item
 
     next = __next__
-
-
-# ----- from counters to per-node figures ---------------------------------------------------
-
-def describe(inner: BaseNode) -> str:
-    """How a node runs, for tables: ``"2 thread workers"``, ``"3 process copies"``, ``""``."""
-    if isinstance(inner, Map) and inner.workers:
-        return f"{inner.workers} {inner.method} worker{'s' if inner.workers > 1 else ''}"
-    if isinstance(inner, WorkerCopies):
-        return f"{inner.copies} {inner.method} copies"
-    return ""
-
-
-def add_raw(a: Mapping[str, Any], b: Mapping[str, Any], sign: int = 1) -> dict[str, Any]:
-    """``a + b`` (or ``a - b`` with ``sign=-1``) of two ``Counted.raw()`` dicts."""
-    out = dict(a)
-    for k, v in b.items():
-        if k == "q_max":
-            out[k] = max(out.get(k, 0), v)
-        else:
-            out[k] = out.get(k, 0) + sign * v
-    return out
-
-
-def node_perf(counted: Mapping[str, Counted], inputs: Mapping[str, Iterable[str]],
-              raws: Mapping[str, Mapping[str, Any]], wall: float) -> dict[str, dict[str, Any]]:
-    """Per node: busy and wait seconds and fractions, items/s and queue fill.
-
-    Args:
-        counted: the graph's ``Counted`` nodes by name (for which thread each ran in).
-        inputs: each node's input names (names not in ``counted`` ran in worker copies).
-        raws: ``Counted.raw()`` per node, possibly summed over epochs.
-        wall: the seconds the counters cover.
-
-    ``busy_s`` is the node's own work: its time minus its same-thread inputs' time, or for a
-    map with thread workers the time in ``fn`` summed over the workers (``threads`` of them
-    can be busy at once); ``None`` where the work runs out of sight (process workers, worker
-    copies, or a prefetch, which only moves items). ``wait_s`` is the time spent getting
-    items from its inputs, in its own thread or in its background thread; ``reset_s`` is the
-    part of ``busy_s`` done in resets (in the thread that started the epoch). ``thread`` names
-    the thread a node ran in by the last node of that thread (the one pulled from another
-    thread or by the caller): the busy shares of the nodes of one thread add up.
-    """
-    out: dict[str, dict[str, Any]] = {}
-    for name, c in counted.items():
-        raw = raws.get(name)
-        if not raw:
-            continue
-        ins = list(inputs.get(name, ()))
-        known = [i for i in ins if i in counted and raws.get(i)]
-        same = [i for i in known if counted[i].tid is None or c.tid is None or counted[i].tid == c.tid]
-        remote = any(i not in counted for i in ins) or isinstance(c.inner, WorkerCopies)
-        threaded = remote or len(same) < len(known)
-        wait_s: float | None = sum(raws[i]["seconds"] for i in known)
-        threads = 1
-        if c.timed_fn:
-            busy_s: float | None = raw["work_seconds"]
-            threads = c.inner.workers
-        elif threaded:
-            busy_s = None
-            if remote:
-                wait_s = None
-        else:
-            busy_s = max(0.0, raw["seconds"] - sum(raws[i]["seconds"] for i in same))
-        # its own reset work (a shuffle filling its window): its inputs reset inside its reset
-        reset_s = max(0.0, raw.get("reset_seconds", 0.0) - sum(raws[i].get("reset_seconds", 0.0) for i in known))
-        entry: dict[str, Any] = {
-            "seconds": round(raw["seconds"], 6),
-            "reset_s": round(reset_s, 6),
-            "busy_s": None if busy_s is None else round(busy_s, 6),
-            "wait_s": None if wait_s is None else round(wait_s, 6),
-            "threads": threads,
-            "busy": None if busy_s is None or wall <= 0 else round(busy_s / (threads * wall), 4),
-            "wait": None if wait_s is None or wall <= 0 else round(wait_s / wall, 4),
-            "items_per_s": round(raw["items"] / wall, 3) if wall > 0 else 0.0,
-            "runs": describe(c.inner),
-            "queue": None,
-            "thread": None,
-        }
-        if c.queue_capacity:
-            n = raw["q_n"]
-            entry["queue"] = {"capacity": c.queue_capacity, "samples": n,
-                              "mean": round(raw["q_sum"] / n, 3) if n else None, "max": raw["q_max"]}
-        out[name] = entry
-    # the nodes that ran in one thread, labelled by the last of them (the one pulled from
-    # another thread or by the caller): their busy shares add up to that thread's load
-    groups: dict[int, list[str]] = {}
-    for name, c in counted.items():
-        if name in out and c.tid is not None:
-            groups.setdefault(c.tid, []).append(name)
-    for names in groups.values():
-        fed = {i for n in names for i in inputs.get(n, ())}
-        label = next((n for n in reversed(names) if n not in fed), names[-1])
-        for n in names:
-            out[n]["thread"] = label
-    return out
