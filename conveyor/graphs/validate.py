@@ -15,29 +15,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from conveyor.errors import ConveyorError, SpecError, SpecErrors
-from conveyor.graphs.copies_check import check_copies, start_methods
+from conveyor.graphs.copies_check import check_copies
 from conveyor.graphs.even import MODES as EVEN_MODES
-from conveyor.graphs.fn_args import check_args
+from conveyor.graphs.opspec import SpecGraph
 from conveyor.graphs.params import (SPEC_DIR, apply_overrides, builtin_params, did_you_mean, env_name, interpolate,
                                     redact_texts, referenced, secret_texts, split_overrides)
-from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, is_builtin, op_names, resolve_fn
+from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, op_names, resolve_fn
 from conveyor.graphs.yaml_loader import Located
 
 SECRET_PARAMS = ("storage_options",)  # never shown; compile.py keeps them out of states too
 TOP_KEYS = ("params", "nodes", "output", "resumable", "workers", "even_batches", "watchdog", "description")
 NODE_KEYS = ("op", "input")
 MAX_NODES = 500  # keeps the checks (did-you-mean hints compare names) within seconds
-COLLATING_OPS = ("collate", "pad_collate")  # they need batches: a list of samples per item
-PER_RECORD_OPS = ("list_files", "list_lmdb", "read_jsonl", "read_lmdb", "read_parquet", "read_tar", "fetch",
-                  "shard", "shuffle_buffer", "filter", "map", "mix", "prefetch", "pin_memory", "to_device")
-PER_SAMPLE_FNS = ("conveyor.image:", "conveyor.text:", "conveyor.files:")  # one sample in, one out
-SHUFFLE_AFTER_HEAVY_LIMIT = 64  # a shuffle window bigger than this after a decode is refused
 
 
 @dataclass
@@ -246,66 +240,6 @@ def _find_cycle(inputs: dict[str, list[str]]) -> list[str] | None:
                 path.append(m)
                 todo.append([k for k in inputs[m] if k in inputs])
     return None
-
-
-def _batched_before(name: str, nodes: dict[str, NodePlan], graph: dict[str, list[str]]) -> bool:
-    """Whether some node above ``name`` may make batches: a batching op, or anything that may hand
-    on a user's lists (a user's fn, an ``iterable`` or ``dataset`` source, a plug-in op), or a
-    node whose check failed (reported on its own). Only ops known to pass single records, and
-    conveyor's own per-sample fns, are known not to."""
-    seen: set[str] = set()
-    todo = list(graph.get(name, []))
-    while todo:
-        up = todo.pop()
-        if up in seen:
-            continue
-        seen.add(up)
-        plan = nodes.get(up)
-        if plan is None or plan.params is None or plan.op.name not in PER_RECORD_OPS \
-                or not is_builtin(plan.op.name):
-            return True
-        if plan.op.name == "map" and not str(plan.params.fn).startswith(PER_SAMPLE_FNS):
-            return True
-        todo.extend(graph.get(up, []))
-    return False
-
-
-def _budget_padding(pad: NodePlan, nodes: dict[str, NodePlan], graph: dict[str, list[str]], errs: _Errors) -> None:
-    """A bucket_batch with a token budget feeding ``pad`` (a pad_collate padding to a multiple,
-    through nodes that pass batches on as they are) must assume a padded length at least
-    ``pad``'s, else batches come out over ``max_tokens``: its multiple must be one of ``pad``'s."""
-    m = pad.params.pad_to_multiple_of
-    name = pad.name
-    while len(graph.get(name, [])) == 1:
-        up = nodes.get(graph[name][0])
-        if up is None or up.params is None:
-            return
-        if up.op.name == "bucket_batch":
-            assumed = up.params.pad_to_multiple_of or 1
-            if up.params.max_tokens is not None and assumed % m:
-                errs.add(f"'{pad.name}' (pad_collate) pads to a multiple of {m}, but this budget assumes "
-                         f"{'no padding beyond the longest' if assumed == 1 else f'a multiple of {assumed}'}: "
-                         f"batches would come out over max_tokens {up.params.max_tokens}; set "
-                         f"pad_to_multiple_of: {m} here, as pad_collate has it",
-                         ("nodes", up.name, "pad_to_multiple_of") if up.params.pad_to_multiple_of
-                         else ("nodes", up.name, "max_tokens"), node=up.name, op="bucket_batch",
-                         param="pad_to_multiple_of")
-            return
-        if up.op.name not in ("prefetch", "pin_memory", "to_device"):
-            return
-        name = up.name
-
-
-def _upstream(name: str, inputs: dict[str, list[str]]) -> set[str]:
-    seen: set[str] = set()
-    todo = list(inputs.get(name, []))
-    while todo:
-        n = todo.pop()
-        if n in seen or n not in inputs:
-            continue
-        seen.add(n)
-        todo.extend(inputs[n])
-    return seen
 
 
 def secret_params(data: Any) -> set[str]:
@@ -518,8 +452,30 @@ def _override_nodes(raw_nodes: dict[str, Any], overrides: dict[tuple[str, str], 
     return out
 
 
+def _batched_before(name: str, nodes: dict[str, NodePlan], graph: dict[str, list[str]]) -> bool:
+    """Whether some node above ``name`` may make batches: an op not known to hand on single
+    records (``OpSpec.per_record``: a batching op, a map whose fn is not ``per_sample``, an
+    ``iterable`` or ``dataset`` source, a plug-in op that does not say), or a node whose check
+    failed (reported on its own)."""
+    seen: set[str] = set()
+    todo = list(graph.get(name, []))
+    while todo:
+        up = todo.pop()
+        if up in seen:
+            continue
+        seen.add(up)
+        plan = nodes.get(up)
+        if plan is None or plan.params is None or not plan.op.passes_records(plan.params):
+            return True
+        todo.extend(graph.get(up, []))
+    return False
+
+
 def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resumable: bool,
                  errs: _Errors) -> None:
+    """Rules across nodes: storage options the URL's filesystem takes, a collating op with a
+    batching op above it, and each op's own ``graph_check``."""
+    spec_graph = SpecGraph(nodes, graph, resumable)
     for plan in nodes.values():
         p = plan.params
         if p is None:
@@ -532,43 +488,12 @@ def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resuma
                 errs.add(f"{protocol_of(url)} has no option '{key}'{hint}",
                          ("nodes", plan.name, "storage_options", key), key=True, node=plan.name,
                          op=plan.op.name, param="storage_options")
-        if plan.op.name in ("map", "filter"):
-            for arg, message in check_args(p.fn, resolve_fn(p.fn), p.args):
-                errs.add(f"arg '{arg}': {message}", ("nodes", plan.name, "args", arg), node=plan.name,
-                         op=plan.op.name, param="args")
-        if plan.op.name == "map":
-            if not p.ordered and resumable:
-                errs.add("an unordered map cannot resume exactly (its output order depends on "
-                         "timing); set ordered: true, or declare 'resumable: false' for the graph",
-                         ("nodes", plan.name, "ordered"), node=plan.name, op="map", param="ordered")
-            if p.mp_context is not None and p.mp_context not in start_methods():
-                errs.add(f"expected one of {'|'.join(start_methods())} (the start methods of this "
-                         f"platform), got {p.mp_context!r}" + did_you_mean(p.mp_context, start_methods()),
-                         ("nodes", plan.name, "mp_context"),
-                         node=plan.name, op="map", param="mp_context")
-            if p.method.value == "process" and p.workers > 0:
-                try:
-                    pickle.dumps(resolve_fn(p.fn))
-                except Exception as exc:
-                    errs.add(f"method: process sends fn to worker processes, but {p.fn!r} cannot be "
-                             f"pickled ({type(exc).__name__}); define it at module level or use "
-                             "method: thread", ("nodes", plan.name, "fn"), node=plan.name, op="map",
-                             param="fn")
-        if plan.op.name in COLLATING_OPS and not _batched_before(plan.name, nodes, graph):
+        if plan.op.collates and not _batched_before(plan.name, nodes, graph):
             errs.add(f"{plan.op.name} stacks the samples of a batch, but nothing before it makes "
                      f"batches: put a batch node above it, e.g. {{op: batch, size: 32}}",
                      ("nodes", plan.name), key=True, node=plan.name, op=plan.op.name)
-        if plan.op.name == "pad_collate" and (p.pad_to_multiple_of or 1) > 1:
-            _budget_padding(plan, nodes, graph, errs)
-        if plan.op.name == "shuffle_buffer" and p.size > SHUFFLE_AFTER_HEAVY_LIMIT:
-            for up in _upstream(plan.name, graph):
-                up_plan = nodes.get(up)
-                if up_plan is None or up_plan.params is None or up_plan.op.name != "map":
-                    continue
-                if getattr(resolve_fn(up_plan.params.fn), "heavy_output", False):
-                    errs.add(f"a shuffle buffer of {p.size} items after '{up}' ({up_plan.params.fn}) holds "
-                             "decoded samples: memory grows with the buffer and a restore re-decodes a "
-                             "whole window; shuffle the small records before decoding (move this node "
-                             f"above '{up}')", ("nodes", plan.name, "size"), node=plan.name,
-                             op="shuffle_buffer", param="size")
-                    break
+        if plan.op.graph_check is not None:
+            for problem in plan.op.graph_check(spec_graph, plan.name):
+                at = nodes[problem.node]
+                errs.add(problem.message, ("nodes", problem.node) + tuple(problem.at), key=problem.key,
+                         node=problem.node, op=at.op.name, param=problem.param)
