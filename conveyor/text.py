@@ -284,9 +284,7 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
         >>> train_tokenizer("examples/data/text-sample/*.jsonl", "/tmp/tok.json")  # doctest: +SKIP
         '/tmp/tok.json'
     """
-    from torchdata.nodes import IterableWrapper
-
-    from conveyor.nodes.read_jsonl import ReadJsonl
+    from conveyor._line_files import iter_records
 
     tokenizers = _tokenizers()
     paths = sorted(_glob.glob(files)) if isinstance(files, str) else list(files)
@@ -294,9 +292,9 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
         raise ValueError(f"no files to train a tokenizer on: {files!r}")
 
     def texts() -> Iterable[str]:
-        # read as the graph reads them (a byte order mark, blank lines, .gz; a bad line named
-        # file:line): json.loads per line failed on what read_jsonl takes, naming no file
-        records = ReadJsonl(IterableWrapper([{"path": p, "index": i} for i, p in enumerate(paths)]), field=None)
+        # read as the graph's read_jsonl reads them (a byte order mark, blank lines, .gz; a bad line
+        # named file:line): json.loads per line failed on what read_jsonl takes, naming no file
+        records = iter_records(paths)
         try:
             for record in records:
                 text = record.get(field)
