@@ -21,7 +21,11 @@ import lzma
 import zlib
 from typing import Any, Callable, Iterable, Iterator
 
+import fsspec
 from fsspec.utils import infer_compression
+
+from conveyor.errors import ConveyorError, SampleError
+from conveyor.storage import Storage, is_local
 
 # what reading a file can raise: OSError (a failed read, BadGzipFile), EOFError (a truncated
 # .gz/.bz2/.xz), zlib.error and lzma.LZMAError (corrupt data)
@@ -187,28 +191,18 @@ def first_block_problem(path: str, data: bytes, utf8: bool) -> str | None:
     return problem
 
 
-def _sample_error(message: str) -> Exception:
-    from conveyor.errors import SampleError
-
-    return SampleError(message)
-
-
 def _open(path: str, storage: Any) -> Any:
     """``path`` open for reading its bytes, decompressed as its name says (as read_jsonl opens it)."""
-    import fsspec
-
-    from conveyor.storage import is_local
-
     if not is_local(path):
         from fsspec.compression import compr
 
         codec = infer_compression(path)
         if codec == "zip":  # read from its end first (the central directory): random access
-            return open_zip(path, storage.open_random(path), _sample_error)
+            return open_zip(path, storage.open_random(path), SampleError)
         raw = storage.open_sequential(path)
         return compr[codec](raw, mode="rb") if codec else raw
     if infer_compression(path) == "zip":
-        return open_zip(path, fsspec.open(path, "rb").open(), _sample_error)
+        return open_zip(path, fsspec.open(path, "rb").open(), SampleError)
     return fsspec.open(path, "rb", compression="infer").open()
 
 
@@ -225,9 +219,6 @@ def iter_records(paths: Iterable[str], *, field: str | None = None, encoding: st
         field: a field every record must have, a non-empty string (None: no check).
         encoding: the files' text encoding.
     """
-    from conveyor.errors import ConveyorError
-    from conveyor.storage import Storage
-
     utf8 = codecs.lookup(encoding).name == "utf-8"
     own = storage is None
     storage = Storage() if own else storage
@@ -235,14 +226,14 @@ def iter_records(paths: Iterable[str], *, field: str | None = None, encoding: st
         for path in paths:
             problem = compression_problem(path)
             if problem:
-                raise _sample_error(f"read_jsonl: cannot read {path}: {problem}")
+                raise SampleError(f"read_jsonl: cannot read {path}: {problem}")
             try:
                 fh = _open(path, storage)
             except ConveyorError:  # from conveyor.storage, or open_zip's: it names the file
                 raise
             except READ_ERRORS as exc:
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
-                raise _sample_error(f"read_jsonl: cannot open {path}: {why}") from exc
+                raise SampleError(f"read_jsonl: cannot open {path}: {why}") from exc
             try:
                 yield from _file_records(fh, path, field, encoding, utf8)
             finally:
@@ -259,13 +250,13 @@ def _file_records(fh: Any, path: str, field: str | None, encoding: str, utf8: bo
             data = fh.read(BLOCK)
         except READ_ERRORS as exc:
             after = f"after line {line}" if line else "at its start"
-            raise _sample_error(f"read_jsonl: {path}: cannot read it {after} ({type(exc).__name__}: {exc}) "
+            raise SampleError(f"read_jsonl: {path}: cannot read it {after} ({type(exc).__name__}: {exc}) "
                                 "(set on_error: skip to count and skip the rest of such a file)") from exc
         if first:
             first = False
             problem = first_block_problem(path, data, utf8)
             if problem:
-                raise _sample_error(f"read_jsonl: cannot read {path}: {problem}")
+                raise SampleError(f"read_jsonl: cannot read {path}: {problem}")
         if data and b"\n" not in data:  # a line longer than a block: joined once, when it ends
             tail.append(data)
             continue
@@ -278,7 +269,7 @@ def _file_records(fh: Any, path: str, field: str | None, encoding: str, utf8: bo
             line += 1
             record, why = parse_line(raw, encoding=encoding, format="jsonl", field=field, first=line == 1)
             if why is not None:
-                raise _sample_error(f"{path}:{line}: {why} (set on_error: skip to count and skip bad lines)")
+                raise SampleError(f"{path}:{line}: {why} (set on_error: skip to count and skip bad lines)")
             if record is not None:
                 yield record
         if not data:
