@@ -60,7 +60,7 @@ def _batched_before(name: str, nodes: dict[str, Any], graph: dict[str, list[str]
 
 
 def graph_rules(nodes: dict[str, Any], graph: dict[str, list[str]], resumable: bool,
-                 errs: Errors) -> None:
+                errs: Errors) -> None:
     """Rules across nodes: storage options the URL's filesystem takes, a collating op with a
     batching op above it, and each op's own ``graph_check``."""
     spec_graph = SpecGraph(nodes, graph, resumable)
