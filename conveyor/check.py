@@ -32,9 +32,6 @@ from conveyor.graphs.compile import compile_plan, topological
 from conveyor.graphs.loader import Loader
 from conveyor.graphs.validate import Plan
 
-# ops that only group, pad, move or buffer samples: the check stops before the first of them
-AFTER_SAMPLES = frozenset({"batch", "bucket_batch", "collate", "pad_collate", "pin_memory", "to_device",
-                           "prefetch"})
 
 
 @dataclass
@@ -49,10 +46,16 @@ class CheckResult:
     by_node: dict[str, collections.Counter] = field(default_factory=dict)
 
 
+def _after_samples(op: Any) -> bool:
+    """An op that only groups, pads, moves or buffers samples: the check stops before the first
+    of them (its ``OpSpec`` says it batches, collates or passes items through)."""
+    return op.batches or op.collates or op.pass_through
+
+
 def per_sample_plan(plan: Plan) -> Plan:
     """``plan`` cut before its first batching node, with ``on_error: skip`` wherever it exists."""
     out = plan.output
-    while plan.nodes[out].op.name in AFTER_SAMPLES and len(plan.nodes[out].inputs) == 1:
+    while _after_samples(plan.nodes[out].op) and len(plan.nodes[out].inputs) == 1:
         out = plan.nodes[out].inputs[0]
     keep = topological(plan, out)
     nodes = {}

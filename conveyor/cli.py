@@ -294,8 +294,9 @@ def _why_no_batch(stats: dict[str, Any], plan: Plan) -> str:
         if counts.get(name, 0) == 0 and fed:
             got = sum(counts[i] for i in fed)
             hint = ""
-            size, drop_last = getattr(node.params, "size", None), getattr(node.params, "drop_last", False)
-            if node.op.name == "batch" and drop_last and isinstance(size, int) and size > got:
+            size = node.op.batch_rows(node.params) if node.op.batch_rows is not None else None
+            drop_last = getattr(node.params, "drop_last", False)
+            if drop_last and isinstance(size, int) and size > got:
                 hint = (f": a batch of {size} with drop_last: true needs at least {size} items; "
                         "lower the batch size or set drop_last: false")
             return f"node '{name}' ({node.op.name}) received {got} item(s) and yielded none{hint}"

@@ -65,3 +65,8 @@ def read_numbers(item: dict[str, Any], *, dtype: str = "float32") -> dict[str, A
         raise SampleError(f"{item.get('path', '<bytes>')}: no numbers in the file")
     return {"x": torch.tensor(values, dtype=getattr(torch, dtype)), "label": item.get("label", -1),
             "index": item.get("index", -1)}
+
+
+for _fn in (read_bytes, read_text, read_numbers):
+    _fn.per_sample = True  # type: ignore[attr-defined]  # one record in, one out (conveyor/graphs/fn_args.py)
+del _fn

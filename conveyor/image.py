@@ -11,7 +11,9 @@ URL) or carries its encoded bytes under ``bytes`` (or a WebDataset key: ``jpg``,
 ``jpeg``, ``png``, ``webp``, ``bmp``, ``ppm``, ``pgm``, ``tif``, ``tiff``), with a ``label`` (or WebDataset ``cls``) and an
 ``index``. Every function returns ``{"image": uint8 CHW tensor, "label", "index"}``.
 
-Where the time goes, and what is done about it (kernels in :mod:`conveyor._pixels`):
+Where the time goes, and what is done about it (kernels in :mod:`conveyor._pixels`; the
+crop and resize geometry in ``conveyor/_image_geometry.py``, reading an item's bytes and
+naming it in errors in ``conveyor/_image_record.py``):
 
 * JPEG decode is most of the cost. JPEGs are decoded by libjpeg-turbo through
   ``simplejpeg`` (0.6 ms for an ImageNet-sized image against Pillow's 0.76 ms plus a copy);
@@ -36,6 +38,11 @@ transparent palette) is dropped, keeping the stored colour, as ``convert("RGB")`
 torchvision's ``ImageFolder`` loader do; it is not composited. 16-bit images keep their
 top 8 bits. EXIF orientation is not applied (as with torchvision's loader).
 
+Each fn declares its rules as attributes (conveyor/graphs/fn_args.py): ``check_args`` (its
+``size``, ``scale``, ``ratio``, ``resize`` or ``mode`` checked when the spec is),
+``per_sample`` (one record in, one sample out) and ``heavy_output`` (decoded pixels: a big
+shuffle buffer belongs before it).
+
 Errors: an item that cannot be read or decoded (missing file, zero bytes, not an
 image, truncated or corrupt data) raises :class:`conveyor.errors.SampleError` naming
 the path (or the shard and key of a tar sample, or the index) and the cause, with the
@@ -50,22 +57,17 @@ warning, once, if some other code has set that global).
 
 from __future__ import annotations
 
-import functools
-import logging
 import math
-import os
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
-from PIL import Image, ImageFile
 
-from conveyor import _pixels as px
-from conveyor.errors import SampleError
-
-log = logging.getLogger(__name__)
+import conveyor._pixels as px
+from conveyor._image_geometry import (_WHOLE_MAX, _crop_resize, _draft_scale, _range,  # noqa: F401
+                                      _resize_center_crop, _resize_geometry, _size_hw, _slot, _to_tensor)
+from conveyor._image_record import _read_bytes, _read_path, _result, _sample_error, _where  # noqa: F401
 
 __all__ = [
     "IMAGENET_MEAN",
@@ -83,8 +85,6 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 """Per-channel standard deviation of ImageNet in [0, 1] RGB, for :func:`normalize`."""
 
-# every extension the imagenet specs list (ImageFolder's), as conveyor pack names the members
-_BYTES_KEYS = ("bytes", "jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff")
 _DATA_ERRORS = px.DATA_ERRORS
 
 
@@ -312,231 +312,54 @@ def normalize(
     return images.to(dtype).sub_(m).div_(s)
 
 
+# --- what each fn declares (conveyor/graphs/fn_args.py): its args' rules, checked with the spec
+
+
+def _first_error(check: Callable[[], Any]) -> str | None:
+    try:
+        check()
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+def _crop_rules(args: Mapping[str, Any], *, resize: bool) -> list[tuple[str, str]]:
+    """``size`` (and ``scale``/``ratio`` for a train crop, ``resize`` for an eval crop), checked
+    by the helpers the fns use."""
+    problems: list[tuple[str, str]] = []
+    size = args.get("size", 224)
+    message = _first_error(lambda: _size_hw(size, "size"))
+    if message:
+        problems.append(("size", message))
+    for name in ("scale", "ratio"):
+        if name in args and not resize:
+            message = _first_error(lambda: _range(args[name], name))
+            if message:
+                problems.append((name, message))
+    if resize and "resize" in args and not problems:
+        r, (h, w) = args["resize"], _size_hw(size, "size")
+        if isinstance(r, bool) or not isinstance(r, int) or r < max(h, w):
+            problems.append(("resize", f"resize={r!r} must be an int >= the larger side of size={size!r}"))
+    return problems
+
+
+def _train_rules(args: Mapping[str, Any]) -> list[tuple[str, str]]:
+    return _crop_rules(args, resize=False)
+
+
+def _eval_rules(args: Mapping[str, Any]) -> list[tuple[str, str]]:
+    return _crop_rules(args, resize=True)
+
+
+def _decode_rules(args: Mapping[str, Any]) -> list[tuple[str, str]]:
+    mode = args.get("mode", "RGB")
+    return [] if mode in ("RGB", "L", "RGBA") else [("mode", f"mode={mode!r} must be one of 'RGB', 'L', 'RGBA'")]
+
+
+decode.check_args = _decode_rules  # type: ignore[attr-defined]
+train_transform.check_args = _train_rules  # type: ignore[attr-defined]
+eval_transform.check_args = _eval_rules  # type: ignore[attr-defined]
 for _fn in (decode, train_transform, eval_transform):
-    _fn.heavy_output = True  # type: ignore[attr-defined]
+    _fn.per_sample = True  # type: ignore[attr-defined]  # one image record in, one sample out
+    _fn.heavy_output = True  # type: ignore[attr-defined]  # decoded pixels: shuffle before, not after
 del _fn
-
-
-# --- helpers -------------------------------------------------------------------------
-
-
-def _size_hw(size: int | Sequence[int], name: str) -> tuple[int, int]:
-    """``size`` as (height, width): an int is a square, a pair is [height, width]."""
-    if isinstance(size, int) and not isinstance(size, bool):
-        hw = (size, size)
-    elif isinstance(size, Sequence) and not isinstance(size, str) and len(size) == 2:
-        hw = tuple(size)
-    else:
-        raise ValueError(f"{name}={size!r} must be an int or [height, width]")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in hw):
-        raise ValueError(f"{name}={size!r} must be positive ints")
-    return hw  # type: ignore[return-value]
-
-
-def _range(value: Sequence[float], name: str) -> tuple[float, float]:
-    """A (low, high) pair of positive numbers with low <= high."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or len(value) != 2:
-        raise ValueError(f"{name}={value!r} must be a pair [low, high]")
-    lo, hi = float(value[0]), float(value[1])
-    if not 0 < lo <= hi:
-        raise ValueError(f"{name}={value!r} must satisfy 0 < low <= high")
-    return lo, hi
-
-
-def _draft_scale(crop_w: float, crop_h: float, out_w: int, out_h: int) -> int:
-    """The largest DCT reduction keeping the crop at least the output size."""
-    return px.scale_for(crop_w, crop_h, out_w, out_h)
-
-
-def _crop_resize(
-    pic: px.Picture, box: tuple[int, int, int, int], out_w: int, out_h: int,
-    out: np.ndarray | None = None,
-) -> tuple[np.ndarray, int]:
-    """``box`` (full-resolution pixels) of the image resized to the output, as CHW uint8
-    (written into ``out`` when the resize can: see ``_pixels.resize_box``).
-
-    Decodes at the largest DCT reduction at which the box stays at least the output size.
-    Returns the pixels and the reduction the decode used (1 when none).
-    """
-    x0, y0, x1, y1 = box
-    arr, s = pic.decode(_draft_scale(x1 - x0, y1 - y0, out_w, out_h))
-    return px.resize_box(arr, (x0 / s, y0 / s, x1 / s, y1 / s), out_w, out_h, out), s
-
-
-def _resize_center_crop(pic: px.Picture, resize: int, out_h: int, out_w: int) -> np.ndarray:
-    """``Resize(resize)`` then ``CenterCrop``: the whole image resized, then cut, as CHW.
-
-    Decoded at the largest DCT reduction at which the kept box is still at least the
-    output. When that reduction divides the image exactly, the whole reduced image is
-    resized and cut on whole pixels (torch's kernel); otherwise the box, whose edges then
-    fall between pixels, is resized directly (:func:`conveyor._pixels.resize_box`), as it is
-    for an image so long and thin that all of it resized would be over ``_WHOLE_MAX`` times
-    the output.
-    """
-    width, height = pic.width, pic.height
-    new_w, new_h, top, left = _resize_geometry(width, height, resize, out_h, out_w)
-    fx, fy = width / new_w, height / new_h
-    box = (left * fx, top * fy, (left + out_w) * fx, (top + out_h) * fy)
-    arr, s = pic.decode(_draft_scale(box[2] - box[0], box[3] - box[1], out_w, out_h))
-    whole = arr.shape[1] * s == width and arr.shape[0] * s == height
-    if whole and new_w * new_h <= _WHOLE_MAX * out_w * out_h:
-        return px.resize_whole(arr, new_w, new_h)[:, top : top + out_h, left : left + out_w]
-    return px.resize_box(arr, tuple(v / s for v in box), out_w, out_h)
-
-
-# Resizing the whole image costs its resized area: for a strip (2x4000 pixels: 256x512000 after
-# Resize(256), 393 MB) only the kept box is resized, as when the reduction leaves fractions.
-_WHOLE_MAX = 16
-
-
-def _resize_geometry(
-    width: int, height: int, resize: int, out_h: int, out_w: int
-) -> tuple[int, int, int, int]:
-    """``(new_w, new_h, top, left)`` of torchvision's ``Resize(resize)`` + ``CenterCrop``."""
-    if width <= height:
-        new_w, new_h = resize, int(resize * height / width)
-    else:
-        new_h, new_w = resize, int(resize * width / height)
-    top = int(round((new_h - out_h) / 2.0))
-    left = int(round((new_w - out_w) / 2.0))
-    return new_w, new_h, top, left
-
-
-def _slot(into: Callable[..., torch.Tensor | None] | None, out_h: int, out_w: int) -> torch.Tensor | None:
-    """The image's row of the batch from a map's ``into``, or None."""
-    return None if into is None else into("image", (3, out_h, out_w), torch.uint8)
-
-
-def _to_tensor(chw: np.ndarray, *, flip: bool, into: torch.Tensor | None = None) -> torch.Tensor:
-    """A contiguous uint8 (C, H, W) tensor, mirrored left-right when ``flip``: ``into`` when
-    given (``chw`` copied there; ``train_transform`` returns a row the resize wrote into
-    without coming here), else a new one.
-
-    One copy (numpy's, single-threaded) does the flip and the layout at once.
-    """
-    if into is not None:
-        dst = into.numpy()
-        if flip:
-            px.mirror_into(dst, chw)
-        else:
-            np.copyto(dst, chw)
-        return into
-    if flip:
-        out = np.empty(chw.shape, np.uint8)
-        px.mirror_into(out, chw)
-        return torch.from_numpy(out)
-    out = np.ascontiguousarray(chw)
-    if not out.flags.writeable:  # Pillow's arrays are read-only views of its buffer
-        out = out.copy()
-    return torch.from_numpy(out)
-
-
-def _result(item: Mapping[str, Any], image: torch.Tensor) -> dict[str, Any]:
-    label = item.get("label")
-    if label is None and "cls" in item:
-        label = item["cls"]
-        if isinstance(label, (bytes, bytearray)):
-            label = label.decode("utf-8")
-        if isinstance(label, str):
-            label = int(label.strip())
-    return {"image": image, "label": label, "index": item.get("index")}
-
-
-def _where(item: Mapping[str, Any]) -> str:
-    path = item.get("path")
-    if path is not None:
-        return f"image {os.fspath(path)!r}"
-    if item.get("__key__") is not None:  # a read_tar sample: its shard and key
-        return f"image {item['__key__']!r} in shard {item.get('__url__')!r}"
-    if item.get("lmdb") is not None and item.get("key") is not None:  # a read_lmdb record
-        return f"image {item['key']!r} in LMDB {item['lmdb']!r}"
-    return f"image at index {item.get('index')!r}"
-
-
-def _read_bytes(item: Mapping[str, Any]) -> bytes:
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        _warn_truncated_once()
-    for key in _BYTES_KEYS:
-        data = item.get(key)
-        if data is not None:
-            break
-    else:
-        path = item.get("path")
-        if path is None:
-            raise SampleError(f"{_where(item)}: item has neither 'path' nor any of {_BYTES_KEYS}")
-        data = _read_path(os.fspath(path), item)
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise SampleError(f"{_where(item)}: expected bytes, got {type(data).__name__}")
-    if len(data) == 0:
-        raise SampleError(f"{_where(item)}: empty file (0 bytes)")
-    return data
-
-
-@functools.cache
-def _warn_truncated_once() -> None:
-    log.warning(
-        "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set (by some other code): truncated images "
-        "will decode partly instead of raising SampleError"
-    )
-
-
-_CHUNK = 1 << 20  # bytes asked of one os.read: an ImageNet JPEG in one call
-
-
-def _read_local(path: str) -> bytes:
-    """A local file's bytes in four system calls (open, read, the read that finds the end,
-    close). Each call passes the GIL, which the decode threads and the loader's thread take in
-    turn: ``open(path, "rb").read()`` makes about eight (fstat, an ioctl, an lseek, another
-    fstat), and reading this way measured +5 % images/s on imagenet.yaml's threads."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        parts = [os.read(fd, _CHUNK)]
-        while parts[-1]:
-            parts.append(os.read(fd, _CHUNK))
-        return parts[0] if len(parts) <= 2 else b"".join(parts)
-    finally:
-        os.close(fd)
-
-
-def _read_path(path: str, item: Mapping[str, Any]) -> bytes:
-    protocol, sep, rest = path.partition("://")
-    if sep and protocol != "file":  # retried, its errors naming the URL (a denied bucket is no bad sample)
-        from conveyor.storage import read_url
-
-        return read_url(path)
-    try:
-        return _read_local(rest if sep else path)
-    except OSError as e:
-        raise _sample_error(_where(item), e) from e
-
-
-_LFS_POINTER = b"version https://git-lfs"
-_HEIF_BRANDS = (b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1")
-
-
-def _sample_error(where: str, e: BaseException, data: bytes | None = None) -> SampleError:
-    text = str(e).lower()
-    if isinstance(e, FileNotFoundError):
-        what = "file not found"
-    elif isinstance(e, Image.UnidentifiedImageError) and data is not None:
-        # Pillow's message names only a BytesIO's address; the first bytes say what it is
-        # (an HTML error page, a text file, a Git LFS pointer checked out in place of the image)
-        head = bytes(data[:32])
-        if head.startswith(_LFS_POINTER):
-            return SampleError(f"{where}: a Git LFS pointer ({len(data)} bytes), not the image "
-                               f"(fetch the files with git lfs pull): {head!r}")
-        if head[4:8] == b"ftyp" and head[8:12] in _HEIF_BRANDS:  # what phones take photos in
-            return SampleError(f"{where}: an HEIC/HEIF image ({head[8:12].decode()}), which Pillow "
-                               "reads only with the pillow-heif plug-in registered "
-                               "(pillow_heif.register_heif_opener()); or convert it to JPEG")
-        return SampleError(f"{where}: not a recognised image format ({len(data)} bytes starting "
-                           f"{head!r})")
-    elif isinstance(e, Image.UnidentifiedImageError):
-        what = "not a recognised image format"
-    elif "truncated" in text or "premature end of jpeg file" in text:
-        what = "truncated image data"
-    elif isinstance(e, px.JpegError):
-        what = "corrupt or unsupported JPEG data"
-    else:
-        what = "cannot decode"
-    return SampleError(f"{where}: {what} ({type(e).__name__}: {e})")

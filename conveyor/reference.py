@@ -1,8 +1,10 @@
 """The ops reference, from the registry: ``conveyor ops``, ``conveyor ops OP`` and docs/ops.md.
 
 Everything shown comes from the ``OpSpec`` table (``conveyor/graphs/registry.py``): an op's one
-line (``doc``), what it reads and yields (``items_in``, ``items_out``), an ``example`` line, and
-each param's type, default and ``doc`` from its params dataclass. So an op added to the table
+line (``doc``), what it reads and yields (``items_in``, ``items_out``), the facts a user plans
+with (whether ``len(loader)`` is known through it, what it does to the ranks' counts, which
+params a state survives a change of: ``length``, ``keeps_count``, ``safe_params``), an
+``example`` line, and each param's type, default and ``doc`` from its params dataclass. So an op added to the table
 (a built-in, or a plug-in through the ``conveyor.ops`` entry points) is in the reference with
 nothing else to write. docs/ops.md holds the built-in ops; regenerate it with
 
@@ -41,6 +43,31 @@ def _show(value: Any) -> str:
     if isinstance(value, str):
         return value if value else '""'
     return json.dumps(value)
+
+
+def facts(op: OpSpec) -> list[tuple[str, str]]:
+    """(label, text) for what an op's declared facts mean to a user: ``len()``, the ranks'
+    counts, the params that leave the data the same."""
+    out = []
+    why = op.unknown_length
+    if op.length is None:
+        out.append(("len()", f"unknown: it {why}" if why else "unknown: it has no length rule"))
+    else:
+        out.append(("len()", f"counted, unless it {why}" if why else "counted from its params and inputs"))
+    if op.shards_itself:
+        out.append(("ranks", "its stream may give each rank its own share: the ranks agree on each epoch's "
+                             "last batch"))
+    elif op.keeps_count == "always":
+        out.append(("ranks", "equal counts stay equal (shard's equalize holds through it)"))
+    elif op.keeps_count == "unless_skipping":
+        out.append(("ranks", "equal counts stay equal, unless on_error: skip drops items"))
+    elif op.inputs != "none":
+        out.append(("ranks", "counts may change with the data: after a rank shard, the ranks agree on each "
+                             "epoch's last batch"))
+    if op.safe_params:
+        names = [f.name for f in dataclasses.fields(op.params) if f.name in op.safe_params]
+        out.append(("safe", ", ".join(names) + " (changing them leaves the data the same: a saved state still loads under strict=True)"))
+    return out
 
 
 def param_rows(op: OpSpec) -> list[tuple[str, str, str, str]]:
@@ -83,6 +110,7 @@ def op_text(name: str) -> str:
         lines.append(f"reads:  {op.items_in}")
     if op.items_out:
         lines.append(f"yields: {op.items_out}")
+    lines += [f"{label + ':':<7} {text}" for label, text in facts(op)]
     lines += ["", "params:"]
     rows = param_rows(op)
     if not rows:
@@ -121,6 +149,7 @@ def markdown(names: Sequence[str] | None = None) -> str:
             out.append(f"- reads: {op.items_in}")
         if op.items_out:
             out.append(f"- yields: {op.items_out}")
+        out += [f"- {label}: {text}" for label, text in facts(op)]
         rows = param_rows(op)
         if rows:
             out += ["", "| param | type | default | |", "|---|---|---|---|"]

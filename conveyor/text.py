@@ -32,6 +32,11 @@ with ``dtype: int64`` widens them in the copy that pads them.
 A record without the field, whose field is not a string or is not valid Unicode (a lone
 surrogate such as ``"\\ud800"``), raises ``SampleError`` naming the record's file and line when
 it has them.
+
+Each tokenizer declares its rules as attributes (conveyor/graphs/fn_args.py): ``check_args``
+(``max_length``, ``dtype``, the tokenizer file, checked when the spec is) and ``per_sample``.
+The helpers they share (the text field, provenance, dtypes, truncation) are in
+``conveyor/_text_ids.py``.
 """
 
 from __future__ import annotations
@@ -39,131 +44,19 @@ from __future__ import annotations
 import functools
 import glob as _glob
 import itertools
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import fsspec
 import numpy as np
 import torch
 
+from conveyor._text_ids import (CARRIED, ID_DTYPES, ROW, _assemble, _byte_batch, _byte_dtype,  # noqa: F401
+                                _check_max_length, _check_unicode, _hf_dtype, _hf_specials, _out, _outs,
+                                _text, _tokenizers, _utf8, _views, _vocab_ids, _where, ids_dtype)
 from conveyor.errors import SampleError
 
 BOS_ID = 256
 EOS_ID = 257
-CARRIED = ("index", "label", "file", "line")
-ROW = "row"  # read_parquet's provenance in place of read_jsonl's line: carried where there is no line
-ID_DTYPES = ("int64", "int32", "int16", "uint8")
-# each dtype with its largest id, made once: np.iinfo on every call was a third of byte_tokenize's time
-_ID_TYPES = {name: (np.dtype(name), int(np.iinfo(name).max)) for name in ID_DTYPES}
-
-
-def _where(item: Any) -> str:
-    if isinstance(item, dict):
-        if "file" in item and "line" in item:
-            return f"{item['file']}:{item['line']}"
-        if "file" in item and "row" in item:  # read_parquet's provenance
-            return f"{item['file']} row {item['row']}"
-        if "path" in item:
-            return str(item["path"])
-        if "index" in item:
-            return f"item {item['index']}"
-    return "item"
-
-
-def _text(item: Any, field: str) -> str:
-    if isinstance(item, str):
-        return item
-    if isinstance(item, list):
-        raise SampleError(f"expected a record (a dict with {field!r}) or a string, got a list of {len(item)}")
-    if not isinstance(item, dict) or field not in item:
-        raise SampleError(f"{_where(item)}: no field {field!r} to tokenize"
-                          + (f" (fields: {', '.join(map(str, item))})" if isinstance(item, dict) else ""))
-    text = item[field]
-    if not isinstance(text, str):
-        raise SampleError(f"{_where(item)}: field {field!r} is "
-                          f"{'null' if text is None else type(text).__name__}, expected a string")
-    return text
-
-
-def _utf8(item: Any, text: str, field: str) -> bytes:
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise SampleError(f"{_where(item)}: field {field!r} is not valid Unicode ({exc.reason} at "
-                          f"character {exc.start}); no tokenizer can encode it") from None
-
-
-def _check_unicode(item: Any, text: str, field: str) -> None:
-    if not text.isascii():
-        _utf8(item, text, field)
-
-
-def _out(item: Any, ids: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"input_ids": ids}
-    if isinstance(item, dict):
-        for key in CARRIED:
-            if key in item:
-                out[key] = item[key]
-        if ROW in item and "line" not in item:
-            out[ROW] = item[ROW]
-    return out
-
-
-def _outs(items: list, ids: list) -> list[dict[str, Any]]:
-    """``_out`` of each item and its ids, for a list (the carried keys looked up once per key)."""
-    if items and type(items[0]) is dict and "index" in items[0] and "file" in items[0] and "line" in items[0]:
-        try:  # what read_jsonl gives, in dict displays (half the time of filling dicts key by key)
-            if "label" in items[0]:
-                return [{"input_ids": x, "index": item["index"], "label": item["label"], "file": item["file"],
-                         "line": item["line"]} for item, x in zip(items, ids)]
-            return [{"input_ids": x, "index": item["index"], "file": item["file"], "line": item["line"]}
-                    if "label" not in item else _out(item, x) for item, x in zip(items, ids)]
-        except (KeyError, TypeError):  # an item without one of them, or not a dict
-            pass
-    outs: list[dict[str, Any]] = [{"input_ids": x} for x in ids]
-    if items and type(items[0]) is dict:
-        for key in CARRIED:
-            for item, out in zip(items, outs):
-                if type(item) is dict and key in item:
-                    out[key] = item[key]
-        for item, out in zip(items, outs):
-            if type(item) is dict and ROW in item and "line" not in item:
-                out[ROW] = item[ROW]
-    elif items:
-        return [_out(item, x) for item, x in zip(items, ids)]
-    return outs
-
-
-def _views(buf: np.ndarray, lengths: list[int]) -> list[np.ndarray]:
-    """``buf`` cut into consecutive views of ``lengths``."""
-    ends = list(itertools.accumulate(lengths))
-    return [buf[e - n:e] for n, e in zip(lengths, ends)]
-
-
-def ids_dtype(dtype: str, top: int, what: str) -> np.dtype:
-    """The numpy dtype named ``dtype`` (one of ``ID_DTYPES``), checked to hold ids up to
-    ``top`` (``what`` says where that id comes from)."""
-    if dtype not in ID_DTYPES:
-        raise ValueError(f"dtype={dtype!r} must be one of {', '.join(ID_DTYPES)}")
-    dt, most = _ID_TYPES[dtype]
-    if top > most:
-        raise ValueError(f"dtype={dtype!r} cannot hold id {top} ({what}); use a wider one")
-    return dt
-
-
-def _check_max_length(max_length: int | None, specials: int) -> None:
-    if max_length is not None and (not isinstance(max_length, int) or max_length <= specials):
-        raise ValueError(f"{max_length=} must be an int > {specials} (the special tokens it keeps)")
-
-
-def _assemble(body: torch.Tensor, bos: int | None, eos: int | None, max_length: int | None) -> torch.Tensor:
-    n_special = (bos is not None) + (eos is not None)
-    if max_length is not None and body.numel() > max_length - n_special:
-        body = body[: max_length - n_special]
-    if not n_special:
-        return body
-    parts = ([torch.tensor([bos], dtype=body.dtype)] if bos is not None else []) + [body] + (
-        [torch.tensor([eos], dtype=body.dtype)] if eos is not None else [])
-    return torch.cat(parts)
 
 
 def byte_tokenize(item: Any, *, field: str = "text", max_length: int | None = None, add_bos: bool = False,
@@ -202,54 +95,6 @@ def byte_tokenize(item: Any, *, field: str = "text", max_length: int | None = No
     body = torch.from_numpy(np.frombuffer(data, np.uint8).astype(dt))
     ids = _assemble(body, bos_id if add_bos else None, eos_id if add_eos else None, max_length)
     return _out(item, ids)
-
-
-def _byte_dtype(dtype: str, add_bos: bool, add_eos: bool, bos_id: int, eos_id: int) -> np.dtype:
-    specials = [(i, n) for i, n, on in ((bos_id, "bos_id", add_bos), (eos_id, "eos_id", add_eos)) if on]
-    top, what = max(specials + [(255, "a byte")])
-    return ids_dtype(dtype, top, what)
-
-
-def _item_bytes(item: Any, field: str) -> bytes:
-    """One record's text as UTF-8, or an error naming the record."""
-    text = item.get(field) if type(item) is dict else item
-    if type(text) is not str:
-        text = _text(item, field)  # raises, naming the record
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return _utf8(item, text, field)  # raises, naming the record
-
-
-def _byte_batch(items: list, field: str, max_length: int | None, bos: int | None,
-                eos: int | None, dtype: np.dtype) -> list[dict[str, Any]]:
-    """``byte_tokenize`` of a list: every text's bytes in one buffer of ``dtype``, a view each."""
-    keep = None if max_length is None else max_length - (bos is not None) - (eos is not None)
-    try:  # the common case at C speed: dicts whose field is a str (str.encode refuses anything else)
-        datas = list(map(str.encode, [item[field] for item in items]))
-    except (KeyError, TypeError, AttributeError, UnicodeEncodeError):
-        datas = [_item_bytes(item, field) for item in items]  # raises, naming the record
-    if keep is not None:
-        datas = [d[:keep] for d in datas]  # a bytes no longer than keep is itself
-    body = np.frombuffer(bytearray().join(datas), np.uint8)  # (writable, unlike a bytes' buffer)
-    if bos is None and eos is None:
-        lengths = [len(d) for d in datas]
-        buf = body if dtype == np.uint8 else body.astype(dtype)
-    else:
-        extra = (bos is not None) + (eos is not None)
-        lengths = [len(d) + extra for d in datas]
-        ends = np.cumsum(lengths, dtype=np.int64)
-        starts = ends - np.asarray(lengths, dtype=np.int64)
-        buf = np.empty(int(ends[-1]) if lengths else 0, dtype)
-        is_body = np.ones(buf.shape[0], bool)
-        if bos is not None:
-            is_body[starts] = False
-            buf[starts] = bos
-        if eos is not None:
-            is_body[ends - 1] = False
-            buf[ends - 1] = eos
-        buf[is_body] = body
-    return _outs(items, _views(buf, lengths))
 
 
 @functools.lru_cache(maxsize=16)
@@ -305,27 +150,7 @@ def vocab_tokenize(item: Any, *, vocab: str, field: str = "text", max_length: in
     return _vocab_ids(item, table, field, max_length, unk_id, bos_id, eos_id, lowercase)
 
 
-def _vocab_ids(item: Any, table: dict[str, int], field: str, max_length: int | None, unk_id: int,
-               bos_id: int | None, eos_id: int | None, lowercase: bool) -> dict[str, Any]:
-    text = _text(item, field)
-    _check_unicode(item, text, field)
-    if lowercase:
-        text = text.lower()
-    get = table.get
-    body = torch.tensor([get(tok, unk_id) for tok in text.split()], dtype=torch.long)
-    return _out(item, _assemble(body, bos_id, eos_id, max_length))
-
-
 # ----- Hugging Face tokenizers ----------------------------------------------------------------
-
-def _tokenizers() -> Any:
-    try:
-        import tokenizers
-    except ImportError:
-        raise ImportError("conveyor.text:hf_tokenize needs Hugging Face tokenizers: "
-                          "pip install 'conveyor[text]' (or pip install tokenizers)") from None
-    return tokenizers
-
 
 @functools.lru_cache(maxsize=16)
 def load_tokenizer(path: str, max_length: int | None = None) -> Any:
@@ -357,7 +182,7 @@ def load_tokenizer(path: str, max_length: int | None = None) -> Any:
     return tok
 
 
-def _hf_check_args(args: dict[str, Any]) -> list[tuple[str, str]]:
+def _hf_check_args(args: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``hf_tokenize``'s rules, checked with the spec (conveyor/graphs/fn_args.py): the
     tokenizer file loads, ``max_length`` is valid."""
     path = args.get("tokenizer")
@@ -381,13 +206,6 @@ def _hf_check_args(args: dict[str, Any]) -> list[tuple[str, str]]:
     except ValueError as exc:
         return [("dtype", str(exc))]
     return []
-
-
-def _hf_specials(tok: Any, max_length: int | None, add_special_tokens: Any) -> None:
-    """``max_length`` must leave room past the special tokens the tokenizer adds: where it does
-    not, tokenizers does not truncate at all (max_length 1 with [CLS] and [SEP] kept every id)."""
-    if max_length is not None and add_special_tokens:
-        _check_max_length(max_length, tok.num_special_tokens_to_add(False))
 
 
 def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: int | None = None,
@@ -441,11 +259,6 @@ def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: i
     return _outs(item, _views(buf, lengths))
 
 
-def _hf_dtype(tok: Any, dtype: str) -> np.dtype:
-    return ids_dtype(dtype, tok.get_vocab_size(with_added_tokens=True) - 1, "the tokenizer's largest id")
-
-
-hf_tokenize.check_args = _hf_check_args  # type: ignore[attr-defined]
 
 
 def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 1000, field: str = "text",
@@ -471,9 +284,7 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
         >>> train_tokenizer("examples/data/text-sample/*.jsonl", "/tmp/tok.json")  # doctest: +SKIP
         '/tmp/tok.json'
     """
-    from torchdata.nodes import IterableWrapper
-
-    from conveyor.nodes.read_jsonl import ReadJsonl
+    from conveyor._line_files import iter_records
 
     tokenizers = _tokenizers()
     paths = sorted(_glob.glob(files)) if isinstance(files, str) else list(files)
@@ -481,9 +292,9 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
         raise ValueError(f"no files to train a tokenizer on: {files!r}")
 
     def texts() -> Iterable[str]:
-        # read as the graph reads them (a byte order mark, blank lines, .gz; a bad line named
-        # file:line): json.loads per line failed on what read_jsonl takes, naming no file
-        records = ReadJsonl(IterableWrapper([{"path": p, "index": i} for i, p in enumerate(paths)]), field=None)
+        # read as the graph's read_jsonl reads them (a byte order mark, blank lines, .gz; a bad line
+        # named file:line): json.loads per line failed on what read_jsonl takes, naming no file
+        records = iter_records(paths)
         try:
             for record in records:
                 text = record.get(field)
@@ -502,3 +313,45 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
     tok.train_from_iterator(texts(), trainer)
     tok.save(path)
     return path
+
+
+# ----- what each fn declares (conveyor/graphs/fn_args.py): its args' rules, checked with the spec
+
+def _first_error(check: Callable[[], Any]) -> str | None:
+    try:
+        check()
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+def _max_length_rule(args: Mapping[str, Any], specials: int) -> list[tuple[str, str]]:
+    if "max_length" not in args:
+        return []
+    message = _first_error(lambda: _check_max_length(args["max_length"], specials))
+    return [("max_length", message)] if message else []
+
+
+def _byte_rules(args: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``max_length`` leaves room for the specials; ``dtype`` holds every id."""
+    problems = _max_length_rule(args, bool(args.get("add_bos")) + bool(args.get("add_eos")))
+    if "dtype" in args:
+        message = _first_error(lambda: _byte_dtype(
+            args["dtype"], bool(args.get("add_bos")), bool(args.get("add_eos")),
+            args.get("bos_id", BOS_ID), args.get("eos_id", EOS_ID)))
+        if message:
+            problems.append(("dtype", message))
+    return problems
+
+
+def _vocab_rules(args: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``max_length`` leaves room for the specials."""
+    return _max_length_rule(args, (args.get("bos") is not None) + (args.get("eos") is not None))
+
+
+byte_tokenize.check_args = _byte_rules  # type: ignore[attr-defined]
+vocab_tokenize.check_args = _vocab_rules  # type: ignore[attr-defined]
+hf_tokenize.check_args = _hf_check_args  # type: ignore[attr-defined]
+for _fn in (byte_tokenize, vocab_tokenize, hf_tokenize):
+    _fn.per_sample = True  # type: ignore[attr-defined]  # one record in, one sample out (a list: a list)
+del _fn

@@ -408,7 +408,7 @@ def test_broken_bytes_without_path_name_the_index(tmp_path):
 
 
 def test_local_reads_return_whole_files_of_any_size(tmp_path, monkeypatch):
-    from conveyor import image
+    from conveyor import _image_record as image
 
     monkeypatch.setattr(image, "_CHUNK", 1000)  # files of 0, 1, 2 and 3+ reads
     for n in (0, 1, 999, 1000, 1001, 2000, 3500):

@@ -4,10 +4,13 @@ every other op and command keeps working."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -83,3 +86,80 @@ def test_the_example_plugin_installs_and_its_op_is_listed_checked_and_resumed(si
         batches = [b.tolist() for b in loader]
     assert batches[:3] == [[0, 0, 0, 1], [1, 1, 2, 2], [2, 3, 3, 3]] and len(batches) == 15
     assert check_resume(lambda: load_graph(spec), epochs=2, steps=[0, 1, 2, 3, 14, 15, 22]) == 30
+
+
+@pytest.fixture
+def repeat_op(monkeypatch):
+    """examples/plugin_op's op registered (as its entry point would), the registry restored after."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples/plugin_op"))
+    monkeypatch.setattr(registry, "_EXTRA", {})
+    monkeypatch.setattr(registry, "_LOADED", {})
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_READ", True)
+    import conveyor_repeat
+
+    registry.register(conveyor_repeat.REPEAT)
+    yield conveyor_repeat.REPEAT
+    for mod in [m for m in sys.modules if m.startswith("conveyor_repeat")]:
+        del sys.modules[mod]
+
+
+def _repeat_spec(tmp_path: Path, *, shuffle: bool = False, batch: int = 3) -> Path:
+    spec = tmp_path / "repeat.yaml"
+    spec.write_text(
+        "nodes:\n"
+        f"  files: {{op: list_files, url: '{ROOT}/examples/data/numbers/*/*.txt', shuffle: {str(shuffle).lower()}}}\n"
+        "  shard: {op: shard, by: [rank]}\n"
+        "  twice: {op: repeat, times: 2}\n"
+        f"  batch: {{op: batch, size: {batch}}}\n"
+        "  out:   {op: map, fn: helpers_fns:indexes}\n")
+    return spec
+
+
+def _on_rank(monkeypatch, spec: Path, rank: int, world: int):
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    return load_graph(spec)
+
+
+def test_a_plugin_ops_length_rule_gives_len(repeat_op, tmp_path, monkeypatch):
+    spec = _repeat_spec(tmp_path)
+    for world in (1, 3):  # 40 files; on 3 ranks equalize repeats 2: 14 each, 28 copies, 10 batches of 3
+        for rank in range(world):
+            with _on_rank(monkeypatch, spec, rank, world) as loader:
+                assert len(loader) == sum(1 for _ in loader) == (27 if world == 1 else 10)
+
+
+def test_equalize_holds_through_a_plugin_op_that_keeps_counts(repeat_op, tmp_path, monkeypatch):
+    from conveyor.graphs.api import check_spec
+    from conveyor.graphs.even import uneven_nodes
+
+    spec = _repeat_spec(tmp_path)
+    assert uneven_nodes(check_spec(spec)) == []  # so the ranks need not agree on each last batch
+    counts = []
+    for rank in range(3):
+        with _on_rank(monkeypatch, spec, rank, 3) as loader:
+            counts.append([len(b) for b in loader])
+    assert counts[0] == counts[1] == counts[2] and sum(counts[0]) == 28
+    undeclared = dataclasses.replace(repeat_op, keeps_count="never", length=None)
+    registry.register(undeclared, clobber=True)
+    assert uneven_nodes(check_spec(spec)) == ["twice"]  # an op that does not say is taken as uneven
+
+
+def test_a_plugin_ops_elastic_rule_resumes_on_another_world_size(repeat_op, tmp_path, monkeypatch):
+    spec = _repeat_spec(tmp_path, shuffle=True)
+    taken, states = [], []
+    for rank in range(2):  # 3 copies taken each: the second item's first copy only
+        with _on_rank(monkeypatch, spec, rank, 2) as loader:
+            taken += next(iter(loader)).tolist()
+            states.append(json.loads(json.dumps(loader.state_dict())))
+    consumed = set(taken)
+    assert len(consumed) == 4
+    rest = []
+    for rank in range(3):
+        with _on_rank(monkeypatch, spec, rank, 3) as loader:
+            loader.load_state_dict(states)
+            rest.append([i for b in loader for i in b.tolist()])
+    new = [i for r in rest for i in r]
+    assert set(new) == set(range(40)) - consumed  # an item one of whose copies was taken is consumed
+    assert set(Counter(new).values()) == {2}  # every item left, in both its copies
+    assert [len(r) for r in rest] == [24, 24, 24]

@@ -278,6 +278,39 @@ def test_train_tokenizer_reads_a_corpus_as_read_jsonl_does(tmp_path):
         train_tokenizer([str(tmp_path / "c.jsonl")], str(tmp_path / "tok2.json"))
 
 
+@pytest.mark.parametrize("name, data", [
+    ("crlf.jsonl", b"\xef\xbb\xbf" + b'{"text": "a"}\r\n\r\n  \r\n{"id": 3}\r\n{"text": "b"}'),
+    ("b.jsonl.gz", __import__("gzip").compress(b'{"text": "a"}\n{"text": "b"}\n')),
+    ("hidden.jsonl", __import__("gzip").compress(b'{"text": "a"}\n')),
+    ("utf16.jsonl", '{"text": "a"}\n'.encode("utf-16")),
+    ("bad.jsonl", b'{"text": "a"}\n[1, 2]\n'),
+    ("latin.jsonl", b'{"text": "\xff"}\n'),
+])
+def test_train_tokenizers_reader_reads_a_file_as_read_jsonl_does(tmp_path, monkeypatch, name, data):
+    """conveyor._line_files.iter_records (below the nodes, for conveyor.text) and read_jsonl give
+    the same records and the same errors, also when lines cross blocks."""
+    import conveyor._line_files as line_files
+
+    path = tmp_path / name
+    path.write_bytes(data)
+
+    def outcome(read):
+        try:
+            return [{k: v for k, v in r.items() if k not in ("file", "line", "index")} for r in read()]
+        except SampleError as exc:
+            return str(exc)
+
+    for block in (1 << 20, 5):
+        monkeypatch.setattr(read_jsonl_mod, "BLOCK", block)
+        monkeypatch.setattr(line_files, "BLOCK", block)
+        node = ReadJsonl(IterableWrapper([{"path": str(path), "index": 0}]), field=None)
+        try:
+            expected = outcome(lambda: list(node))
+        finally:
+            node.close()
+        assert outcome(lambda: list(line_files.iter_records([str(path)]))) == expected
+
+
 def test_text_spec_with_hf_tokenize_runs_and_resumes(tmp_path, tokenizer_json):
     shipped = SPEC.read_text(encoding="utf-8")
     byte_node = 'fn: "conveyor.text:byte_tokenize"\n    args: {max_length: "${max_length}", dtype: uint8}'

@@ -89,7 +89,9 @@ def topological(plan: Plan, output: str | None = None) -> list[str]:
 def slabbed_maps(plan: Plan, names: list[str]) -> dict[str, int]:
     """Maps whose only reader is a ``batch`` whose only reader is a ``collate``, all three
     built together (no process in between): map name → the batch size. Their thread
-    workers write outputs into batch-shaped slabs that collate hands out without a copy."""
+    workers write outputs into batch-shaped slabs that collate hands out without a copy.
+    Asked of the ops: ``OpSpec.writes_rows`` (map), ``batch_rows`` (batch) and
+    ``stacks_rows`` (collate)."""
     readers: dict[str, list[str]] = {n: [] for n in plan.nodes}
     for n, p in plan.nodes.items():
         for i in p.inputs:
@@ -97,14 +99,15 @@ def slabbed_maps(plan: Plan, names: list[str]) -> dict[str, int]:
     here = set(names)
     out = {}
     for n in names:
-        if plan.nodes[n].op.name != "map" or n == plan.output or len(readers[n]) != 1:
+        if not plan.nodes[n].op.writes_rows or n == plan.output or len(readers[n]) != 1:
             continue
         b = readers[n][0]
-        if plan.nodes[b].op.name != "batch" or b == plan.output or len(readers[b]) != 1:
+        rows = plan.nodes[b].op.batch_rows
+        if rows is None or b == plan.output or len(readers[b]) != 1:
             continue
         c = readers[b][0]
-        if plan.nodes[c].op.name == "collate" and {b, c} <= here:
-            out[n] = plan.nodes[b].params.size
+        if plan.nodes[c].op.stacks_rows and {b, c} <= here:
+            out[n] = rows(plan.nodes[b].params)
     return out
 
 

@@ -4,11 +4,12 @@
     workers: {copies: 2, method: process, until: tokenize, mp_context: spawn}
 
 ``until`` is the last node run inside the copies; the default is the node just before the
-first batching op (``batch``/``bucket_batch``) on the way to the output, so that per-item
-work is copied and batches are cut from the merged stream (then, when the copied part maps
-items one to one, the batches are those of ``workers: 1``). Every source in the copied part
-must be followed by a ``shard`` with ``by: [..., worker]``, or every copy would yield every
-item; with ``method: process`` every ``fn`` in it must pickle.
+first batching op (``OpSpec.batches``: ``batch``, ``bucket_batch``) on the way to the output,
+so that per-item work is copied and batches are cut from the merged stream (then, when the
+copied part maps items one to one, the batches are those of ``workers: 1``). Every source in
+the copied part must be followed by a ``shard`` with ``by: [..., worker]`` (an op whose
+``OpSpec.deal`` deals by worker), or every copy would yield every item; with
+``method: process`` every ``fn`` in it must pickle.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from conveyor.graphs.registry import resolve_fn
 
 METHODS = ("process", "thread")
 KEYS = ("copies", "method", "until", "mp_context")
-BATCHING_OPS = ("batch", "bucket_batch")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def _default_until(nodes: dict, output: str) -> str:
         chain.append(nodes[chain[-1]].inputs[0])
     for i in range(len(chain) - 1, -1, -1):  # from the source side
         node = nodes.get(chain[i])
-        if node is not None and node.op.name in BATCHING_OPS and i + 1 < len(chain):
+        if node is not None and node.op.batches and i + 1 < len(chain):
             return chain[i + 1]
     return output
 
@@ -141,8 +141,7 @@ def _sharded_by_worker(source: str, until: str, nodes: dict, graph: dict[str, li
         node = nodes.get(cur)
         if node is None:
             return True  # a broken node, reported already: no second error about it
-        if node.op.name == "shard" and node.params is not None and \
-                "worker" in [getattr(b, "value", b) for b in node.params.by]:
+        if node.op.deal is not None and node.params is not None and node.op.deal(node.params).by_worker:
             return True
         if cur == until or cur not in consumers:
             return False

@@ -13,11 +13,12 @@ over all old slots, form one *level* of a deal; the new shard deals the position
 old slot consumed to the new slots, evenly, as it deals a whole epoch (``equalize`` too),
 and the next epochs are ordinary epochs of the new world.
 
-A graph resumes elastically when the path from its output to its shard is made of ops with
-an ``elastic`` translation (map, fetch, batch, collate, pad_collate, pin_memory, to_device,
-prefetch, shuffle_buffer) and the shard's input is a global order (nothing per rank above
-it: list_files, read_jsonl or read_tar over an unsharded listing). Anything else is a
-``StateError`` naming the node that stops it.
+A graph resumes elastically when the path from its output to its shard (the op whose
+``OpSpec.deal`` deals by rank and worker) is made of ops with an ``elastic`` translation (map,
+fetch, batch, collate, pad_collate, pin_memory, to_device, prefetch, shuffle_buffer; a plug-in
+op declares its own) and the shard's input is a global order (no op above it with an
+``OpSpec.not_global`` reason: list_files, read_jsonl or read_tar over an unsharded listing).
+Anything else is a ``StateError`` naming the node that stops it.
 """
 
 from __future__ import annotations
@@ -26,27 +27,18 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from conveyor.errors import StateError
-from conveyor.graphs.ops import BuildContext, shard_slot
+from conveyor.errors import ConveyorError, StateError
+from conveyor.graphs.ops import BuildContext
+from conveyor.graphs.registry import get_op, op_names
 from conveyor.graphs.validate import Plan
 from conveyor.nodes._elastic import Cursor, deal_end, encode_bits, remaining, slot_items
 from conveyor.nodes.copies import WorkerCopies
-from conveyor.nodes.shard import Shard, count_items
+from conveyor.nodes.shard import count_items
 
 if TYPE_CHECKING:
     from conveyor.graphs.state import States
 
 log = logging.getLogger(__name__)
-
-# above a shard, these ops keep the shard's input from being one global order
-NOT_GLOBAL = {
-    "shard": "the shard's input is then one rank's share",
-    "shuffle_buffer": "its windows are permuted per rank",
-    "mix": "its draws depend on where each input stands",
-    "iterable": "an iterable has no positions: nothing says it yields the same items in the same "
-                "order again (it may shard itself by rank)",
-}
-
 
 @dataclass(frozen=True)
 class ElasticContext:
@@ -157,14 +149,13 @@ class _Walk:
                 out += self.walk(name, c, w, self.copies, True)
             return out
         ctx = self._ctx(name, worker, workers)
-        if p.op.name == "shard":
-            return [self._shard(name, cursor, ctx)]
         if p.op.elastic is None:
             raise StateError(f"{_where(self.plan, name)} cannot be resumed on another world size or "
                              f"number of worker copies: it cannot name, in global terms, which items "
                              f"it consumed ({p.op.name}: {p.op.doc}). Elastic ops between the output and "
-                             "the shard: map, fetch, batch, collate, pad_collate, pin_memory, "
-                             "to_device, prefetch, shuffle_buffer")
+                             f"the shard: {', '.join(_elastic_ops())}")
+        if p.op.deal is not None:
+            return [self._dealt(name, cursor, ctx)]
         source = p.inputs[0]
 
         def left_after(c: Cursor) -> int:
@@ -180,20 +171,22 @@ class _Walk:
                              f"state: {exc}") from None
         return self.walk(source, inner, worker, workers, copied)
 
-    def _shard(self, name: str, cursor: Cursor, ctx: BuildContext) -> dict:
+    def _dealt(self, name: str, cursor: Cursor, ctx: BuildContext) -> dict:
+        """At the shard: what this old slot took of the deal (its ``elastic`` rule), its slot
+        under ``settings``, its items counted when the old run did not count them."""
         p = self.plan.nodes[name]
         _check_global(self.plan, name)
-        slot = shard_slot(p.params, ctx)
         try:
-            taken = Shard.elastic_taken(cursor, **slot)
+            taken = p.op.elastic(p.params, ElasticContext(ctx, self.epoch, _no_input), cursor)
         except (KeyError, TypeError) as exc:
             raise StateError(f"{_where(self.plan, name)}: the state does not fit this shard ({exc})") from None
+        slot = taken["settings"]
         if taken["total"] is None:  # this run did not count its items: count them now
             taken["total"] = self._total(name)
             m = len(remaining(taken["total"], taken["levels"]))
             end = deal_end(m, slot["world"], slot["equalize"])
             taken["slot_total"] = slot_items(end, slot["rank"], slot["world"], slot["worker"], slot["workers"])
-        taken.update(shard=name, settings=slot)
+        taken["at"] = name
         return taken
 
     def _total(self, shard: str) -> int:
@@ -212,13 +205,30 @@ class _Walk:
         return self._totals[shard]
 
 
+def _no_input(cursor: Cursor) -> int:
+    raise ValueError("the shard is where the walk ends: nothing is counted below it")
+
+
+def _elastic_ops() -> list[str]:
+    """The ops that name what they consumed (the dealing op aside), for a message."""
+    names = []
+    for n in op_names():
+        try:
+            op = get_op(n)
+        except ConveyorError:  # a registered op that cannot load names nothing here
+            continue
+        if op is not None and op.elastic is not None and op.deal is None:
+            names.append(n)
+    return names
+
+
 def _check_global(plan: Plan, shard: str) -> None:
     """The shard's input must be the same order on every rank."""
     from conveyor.graphs.compile import topological
 
     for name in topological(plan, plan.nodes[shard].inputs[0]):
-        why = NOT_GLOBAL.get(plan.nodes[name].op.name)
-        if why is not None:
+        why = plan.nodes[name].op.not_global
+        if why:
             raise StateError(f"{_where(plan, name)} lies above {_where(plan, shard)} and cannot be resumed "
                              f"on another world size or number of worker copies: {why}, so what the old "
                              "ranks consumed cannot be dealt again to other ranks")
@@ -255,7 +265,7 @@ def plan_resume(plan: Plan, states: list[dict]) -> dict[str, Any]:
     slots: list[dict] = []
     for s in sorted(states, key=lambda s: s["rank"]):
         slots += _Walk(plan, epoch, s["rank"], world, copies, until).slots(s["graph"])
-    shards = {t["shard"] for t in slots}
+    shards = {t["at"] for t in slots}
     if len(shards) != 1:
         raise StateError(f"elastic resume needs one shard on the way to the output, found {sorted(shards)}")
     shard = shards.pop()

@@ -26,31 +26,16 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 MODES = ("auto", "always", "never")
-# ops after which every rank still has as many items as every other, when it had before
-_KEEP_COUNT = frozenset({"shuffle_buffer", "batch", "collate", "pad_collate", "pin_memory", "prefetch",
-                         "to_device"})
-_KEEP_COUNT_UNLESS_SKIPPING = frozenset({"map", "fetch"})
-# sources running the user's code, which may give each rank its own share (an IterableDataset
-# that reads RANK, Hugging Face's split_dataset_by_node): their counts can differ by rank
-_OWN_RANK_SOURCES = frozenset({"iterable"})
-
-
-def _keeps_count(node: Any) -> bool:
-    op = node.op.name
-    if op in _KEEP_COUNT:
-        return True
-    if op in _KEEP_COUNT_UNLESS_SKIPPING:
-        return getattr(getattr(node.params, "on_error", None), "value", "raise") != "skip"
-    return False
 
 
 def uneven_nodes(plan: Any) -> list[str]:
     """Nodes after a rank shard that can leave ranks with different counts, in graph order.
 
     A node counts when one of its inputs is (downstream of) a shard by rank and it may change
-    how many items pass; a shard with ``equalize: none`` counts itself. Nodes upstream of every
-    shard see the same items on every rank, so they cannot make the ranks differ, except an
-    ``iterable`` source: the user's stream may shard itself by rank (``_OWN_RANK_SOURCES``).
+    how many items pass (its ``OpSpec.keeps_count``); a shard with ``equalize: none`` counts
+    itself. Nodes upstream of every shard see the same items on every rank, so they cannot
+    make the ranks differ, except a source that may shard itself by rank
+    (``OpSpec.shards_itself``: an ``iterable``, the user's stream).
     """
     sharded: dict[str, bool] = {}
 
@@ -58,30 +43,29 @@ def uneven_nodes(plan: Any) -> list[str]:
         if name not in sharded:
             node = plan.nodes[name]
             sharded[name] = False  # guards a cycle; validate has refused those already
-            sharded[name] = _is_rank_shard(node) or any(below_shard(i) for i in node.inputs)
+            sharded[name] = is_rank_shard(node) or any(below_shard(i) for i in node.inputs)
         return sharded[name]
 
     out = []
     for name, node in plan.nodes.items():
-        if node.op.name in _OWN_RANK_SOURCES:
+        if node.op.shards_itself:
             out.append(name)
-        elif _is_rank_shard(node):
-            if getattr(node.params.equalize, "value", node.params.equalize) == "none":
+        elif is_rank_shard(node):
+            if not node.op.deal(node.params).even:
                 out.append(name)
-        elif any(below_shard(i) for i in node.inputs) and not _keeps_count(node):
+        elif any(below_shard(i) for i in node.inputs) and not node.op.keeps_counts_with(node.params):
             out.append(name)
-    reach = _reachable(plan)
+    reach = reachable(plan)
     return [n for n in out if n in reach]
 
 
-def _is_rank_shard(node: Any) -> bool:
-    if node.op.name != "shard":
-        return False
-    by = getattr(node.params, "by", ())
-    return "rank" in [getattr(b, "value", b) for b in by]
+def is_rank_shard(node: Any) -> bool:
+    """Whether the node deals its input out to the ranks (``OpSpec.deal``, by rank)."""
+    return node.op.deal is not None and node.params is not None and node.op.deal(node.params).by_rank
 
 
-def _reachable(plan: Any) -> set[str]:
+def reachable(plan: Any) -> set[str]:
+    """The nodes the output reads from, and the output."""
     seen, todo = set(), [plan.output]
     while todo:
         n = todo.pop()

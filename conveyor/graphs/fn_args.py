@@ -1,14 +1,32 @@
-"""A ``fn``'s ``args`` checked when the spec is checked, not at the first sample.
+"""What a ``fn`` declares about itself, asked when the spec is checked, not at the first sample.
 
 ``--set image_size=-5`` reaches ``conveyor.image:train_transform`` as ``args: {size: -5}``;
 the fn itself refuses it with a ``ValueError``, but only once the graph runs. Here the spec
 checker asks the fn's own rules first, so the mistake is a ``SpecError`` naming the node, the
 arg and its ``file:line:col``.
 
-A fn declares its rules as an attribute ``check_args(args) -> [(arg, message), ...]`` (an
-empty list when all is well). conveyor's built-in fns get theirs from ``_BUILTIN`` below, which
-calls the very helpers the fns use, so the rule and the check cannot drift apart; an arg the
-table does not know is left to the fn (and to the signature check).
+A fn (a function, or a class a map makes once per worker) carries its rules as attributes.
+conveyor's own fns (``conveyor.image``, ``conveyor.text``, ``conveyor.files``) declare them;
+a user's fn may declare any of them too, and a fn without them works exactly as before:
+
+- ``check_args(args) -> [(arg, message), ...]``: what is wrong with the node's ``args``
+  (an empty list when all is well). conveyor's fns check with the very helpers they run
+  with, so the rule and the fn cannot drift apart; an arg a rule does not know is left to
+  the fn (and to the signature check, conveyor/graphs/fn_check.py).
+- ``per_sample = True``: one sample in, one sample out (never a list of samples), so a
+  ``collate`` after its map still needs a ``batch`` between (else: the fn may hand on
+  batches of its own, and the spec is not refused for a collate with no batch above it).
+- ``heavy_output = True``: its outputs are large decoded samples (images), so a big
+  ``shuffle_buffer`` after it is refused (shuffle the small records before decoding).
+
+What a map passes a fn itself, ``rng``, ``generator`` and ``into``, is found from the fn's
+signature (a parameter of that name), not declared.
+
+Example:
+    >>> def my_fn(item, *, scale=1.0):
+    ...     return item
+    >>> my_fn.check_args = lambda args: [("scale", "must be > 0")] if args.get("scale", 1) <= 0 else []
+    >>> my_fn.per_sample = True
 """
 
 from __future__ import annotations
@@ -16,70 +34,6 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 Problems = list[tuple[str, str]]
-
-
-def _first_error(check: Callable[[], Any]) -> str | None:
-    try:
-        check()
-    except (ValueError, TypeError) as exc:
-        return str(exc)
-    return None
-
-
-def _image_checks(args: Mapping[str, Any], *, resize: bool) -> Problems:
-    from conveyor import image
-
-    problems: Problems = []
-    size = args.get("size", 224)
-    message = _first_error(lambda: image._size_hw(size, "size"))
-    if message:
-        problems.append(("size", message))
-    for name in ("scale", "ratio"):
-        if name in args and not resize:
-            message = _first_error(lambda: image._range(args[name], name))
-            if message:
-                problems.append((name, message))
-    if resize and "resize" in args and not problems:
-        r, (h, w) = args["resize"], image._size_hw(size, "size")
-        if isinstance(r, bool) or not isinstance(r, int) or r < max(h, w):
-            problems.append(("resize", f"resize={r!r} must be an int >= the larger side of size={size!r}"))
-    return problems
-
-
-def _decode_checks(args: Mapping[str, Any]) -> Problems:
-    mode = args.get("mode", "RGB")
-    return [] if mode in ("RGB", "L", "RGBA") else [("mode", f"mode={mode!r} must be one of 'RGB', 'L', 'RGBA'")]
-
-
-def _max_length_checks(args: Mapping[str, Any], specials: int) -> Problems:
-    from conveyor import text
-
-    if "max_length" not in args:
-        return []
-    message = _first_error(lambda: text._check_max_length(args["max_length"], specials))
-    return [("max_length", message)] if message else []
-
-
-def _byte_dtype_checks(args: Mapping[str, Any]) -> Problems:
-    from conveyor import text
-
-    if "dtype" not in args:
-        return []
-    message = _first_error(lambda: text._byte_dtype(
-        args["dtype"], bool(args.get("add_bos")), bool(args.get("add_eos")),
-        args.get("bos_id", text.BOS_ID), args.get("eos_id", text.EOS_ID)))
-    return [("dtype", message)] if message else []
-
-
-_BUILTIN: dict[str, Callable[[Mapping[str, Any]], Problems]] = {
-    "conveyor.image:train_transform": lambda a: _image_checks(a, resize=False),
-    "conveyor.image:eval_transform": lambda a: _image_checks(a, resize=True),
-    "conveyor.image:decode": _decode_checks,
-    "conveyor.text:byte_tokenize": lambda a: _max_length_checks(
-        a, bool(a.get("add_bos")) + bool(a.get("add_eos"))) + _byte_dtype_checks(a),
-    "conveyor.text:vocab_tokenize": lambda a: _max_length_checks(
-        a, (a.get("bos") is not None) + (a.get("eos") is not None)),
-}
 
 
 def check_args(ref: str, fn: Callable, args: Mapping[str, Any]) -> Problems:
@@ -98,10 +52,20 @@ def check_args(ref: str, fn: Callable, args: Mapping[str, Any]) -> Problems:
         >>> check_args("conveyor.image:train_transform", image.train_transform, {"size": -5})
         [('size', 'size=-5 must be positive ints')]
     """
-    rule = getattr(fn, "check_args", None) or _BUILTIN.get(str(ref))
+    rule = getattr(fn, "check_args", None)
     if rule is None or not isinstance(args, Mapping):
         return []
     try:
         return [(str(a), str(m)) for a, m in rule(args)]
     except (ValueError, TypeError) as exc:  # a rule that cannot read the args says so
         return [("args", str(exc))]
+
+
+def per_sample(fn: Any) -> bool:
+    """Whether ``fn`` declares that it maps one sample to one sample (``fn.per_sample``)."""
+    return getattr(fn, "per_sample", False) is True
+
+
+def heavy_output(fn: Any) -> bool:
+    """Whether ``fn`` declares that its outputs are large decoded samples (``fn.heavy_output``)."""
+    return bool(getattr(fn, "heavy_output", False))

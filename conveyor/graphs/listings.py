@@ -30,7 +30,6 @@ from conveyor.nodes.list_files import ListFiles
 
 log = logging.getLogger(__name__)
 
-LISTING_OPS = frozenset({"list_files", "list_lmdb"})
 _serials: Counter[str] = Counter()  # loaders of each spec digest made in this process
 
 
@@ -50,13 +49,14 @@ def _where(params: Any) -> str:
 
 
 def listings_to_check(plan: Any) -> list[str]:
-    """The listing nodes of ``plan`` when every one of them feeds a rank shard, else []."""
-    from conveyor.graphs.even import _is_rank_shard, _reachable
+    """The listing nodes of ``plan`` (``OpSpec.listing``) when every one of them feeds a rank
+    shard, else []."""
+    from conveyor.graphs.even import is_rank_shard, reachable
 
-    reach = _reachable(plan)
-    listings = [n for n in plan.nodes if n in reach and plan.nodes[n].op.name in LISTING_OPS]
+    reach = reachable(plan)
+    listings = [n for n in plan.nodes if n in reach and plan.nodes[n].op.listing]
     above_shards: set[str] = set()
-    todo = [n for n in reach if _is_rank_shard(plan.nodes[n])]
+    todo = [n for n in reach if is_rank_shard(plan.nodes[n])]
     while todo:
         for i in plan.nodes[todo.pop()].inputs:
             if i not in above_shards:

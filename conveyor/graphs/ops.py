@@ -1,9 +1,12 @@
-"""The built-in ops as the compiler sees them: a params dataclass and a build function each.
+"""The built-in ops as the compiler sees them: a params dataclass, a build function and the
+facts the compiler asks (``OpSpec``, conveyor/graphs/opspec.py) each.
 
-This is the one place that knows both the spec's words and the nodes' constructors. A build
-function receives the checked params, its input nodes and a ``BuildContext`` (node name,
-where it is in the spec, the graph's seed, rank and world) and returns a ``BaseNode``.
-A ``seed`` left out of a node means the graph's seed (the spec param ``seed``, else 0).
+This module and its siblings (``ops_map``, ``ops_text``, ``ops_storage``, ``ops_tables``,
+``ops_data``) are the one place that knows both the spec's words and the nodes'
+constructors. A build function receives the checked params, its input nodes and a
+``BuildContext`` (node name, where it is in the spec, the graph's seed, rank and world) and
+returns a ``BaseNode``. A ``seed`` left out of a node means the graph's seed (the spec param
+``seed``, else 0).
 """
 
 from __future__ import annotations
@@ -14,15 +17,13 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from conveyor.graphs.registry import Fn, OpSpec, param, resolve_fn
-from conveyor.nodes._configured import PerWorker
+from conveyor.graphs.fn_args import heavy_output
+from conveyor.graphs.opspec import Deal, Problem, SpecGraph, Where, listed_count, same_count
+from conveyor.graphs.registry import OpSpec, param, resolve_fn
 from conveyor.nodes._elastic import Cursor
 from conveyor.nodes.batch import Batch
 from conveyor.nodes.collate import Collate
-from conveyor.nodes.filter import Filter
 from conveyor.nodes.list_files import ListFiles, suffixes
-from conveyor.nodes.map import Map
-from conveyor.nodes.map_batches import MapBatches, wants_rng
 from conveyor.nodes.mix import Mix, weights_problem
 from conveyor.nodes.pin_memory import PinMemory
 from conveyor.nodes.prefetch import Prefetch
@@ -143,6 +144,28 @@ def _build_shard(p: ShardParams, inputs: list[BaseNode], ctx: BuildContext) -> B
     return Shard(inputs[0], **shard_slot(p, ctx))
 
 
+def _deal_shard(p: ShardParams) -> Deal:
+    return Deal(by_rank=ShardBy.rank in p.by, by_worker=ShardBy.worker in p.by,
+                even=p.equalize is not Equalize.none)
+
+
+def _length_shard(p: ShardParams, n: list[int], where: Where, source: Any) -> int | None:
+    """Deals out as the shard does at run time, ``equalize`` included."""
+    by_rank, by_worker = ShardBy.rank in p.by, ShardBy.worker in p.by
+    rank, world = (where.rank if p.rank is None else p.rank,
+                   where.world if p.world is None else p.world) if by_rank else (0, 1)
+    worker, workers = (where.worker, where.workers) if by_worker else (0, 1)
+    total = n[0]
+    if world == 1 or p.equalize is Equalize.none:
+        end = total
+    elif p.equalize is Equalize.drop:
+        end = total // world * world
+    else:  # repeat
+        end = -(-total // world) * world
+    slots = len(range(rank, end, world))  # this rank's items; its j-th goes to copy j % workers
+    return len(range(worker, slots, workers))
+
+
 @dataclass(frozen=True)
 class ShuffleBufferParams:
     size: int = param(min=1, doc="items per shuffle window")
@@ -153,74 +176,24 @@ def _build_shuffle(p: ShuffleBufferParams, inputs: list[BaseNode], ctx: BuildCon
     return ShuffleBuffer(inputs[0], size=p.size, seed=ctx.seed_for(p.seed), rank=ctx.rank)
 
 
-@dataclass(frozen=True)
-class MapParams:
-    fn: Fn = param(doc="module:attr, called as fn(item, **args); a class is made once per worker "
-                       "with init, then called per item")
-    args: dict = param(factory=dict, doc="keyword arguments for each call, checked against fn's signature")
-    init: dict | None = param(None, doc="when fn is a class: keyword arguments for its constructor")
-    workers: int = param(0, min=0, doc="0 = inline")
-    method: Method = param(Method.thread,
-                           doc="thread (Pillow and torch release the GIL) | process (pure-Python fns)")
-    on_error: OnError = param(OnError.raise_,
-                              doc="raise: the error, with the node named; skip: count and drop the item")
-    seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
-    ordered: bool = param(True, doc="false: unordered results, not resumable")
-    mp_context: str | None = param(None, doc="spawn | fork | forkserver, for method: process")
-    snapshot_every: int = param(16, min=1, doc="input state taken every N items (restore re-reads <= N)")
-    batch: int | None = param(None, min=1, doc="items per call: fn takes a list and returns a list "
-                                               "(cheap items, batch tokenizers)")
+SHUFFLE_AFTER_HEAVY_LIMIT = 64  # a shuffle window bigger than this after a decode is refused
 
 
-def _map_fn(p: MapParams | FilterParams) -> Any:
-    """``fn``, or for a class a ``PerWorker`` that makes one instance per worker thread/process."""
-    fn = resolve_fn(p.fn)
-    return PerWorker(fn, p.init) if isinstance(fn, type) else fn
-
-
-def _check_map(p: MapParams, n_inputs: int) -> list[tuple[str, str]]:
-    """``fn``'s signature against ``args`` and ``init``; with ``batch``, no per-sample
-    randomness (the fn's own ``check_args`` rules run in validate.py)."""
-    from conveyor.graphs.fn_check import check_call
-
-    errors = check_call(p.fn, p.args, p.init)
-    try:
-        fn = resolve_fn(p.fn)
-    except ValueError:  # reported as the fn param's error
-        return errors
-    if p.batch is not None and wants_rng(fn):
-        errors.append(("batch", f"{p.fn} takes an rng or a generator, which a batch map cannot give "
-                                "(a list has no single sample index): remove batch"))
-    return errors
-
-
-def _build_map(p: MapParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
-    if p.batch is not None:
-        return MapBatches(inputs[0], fn=_map_fn(p), size=p.batch, args=p.args, workers=p.workers,
-                          method=p.method.value, on_error=p.on_error.value, where=ctx.where,
-                          seed=ctx.seed_for(p.seed), rank=ctx.rank, mp_context=p.mp_context,
-                          snapshot_every=p.snapshot_every, ordered=p.ordered)
-    return Map(inputs[0], fn=_map_fn(p), args=p.args, workers=p.workers, method=p.method.value,
-               on_error=p.on_error.value, seed=ctx.seed_for(p.seed), rank=ctx.rank, where=ctx.where,
-               mp_context=p.mp_context, snapshot_every=p.snapshot_every, ordered=p.ordered,
-               slab=ctx.slab)
-
-
-@dataclass(frozen=True)
-class FilterParams:
-    fn: Fn = param(doc="module:attr predicate, fn(item, **args) -> bool; a class is made once with init")
-    args: dict = param(factory=dict, doc="keyword arguments for each call, checked against fn's signature")
-    init: dict | None = param(None, doc="when fn is a class: keyword arguments for its constructor")
-
-
-def _check_filter(p: FilterParams, n_inputs: int) -> list[tuple[str, str]]:
-    from conveyor.graphs.fn_check import check_call
-
-    return check_call(p.fn, p.args, p.init, randomness=False)
-
-
-def _build_filter(p: FilterParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
-    return Filter(inputs[0], fn=_map_fn(p), args=p.args, where=ctx.where)
+def _graph_check_shuffle(graph: SpecGraph, name: str) -> list[Problem]:
+    """A big window after a map whose fn makes large decoded samples (``heavy_output``)."""
+    p = graph.nodes[name].params
+    if p.size <= SHUFFLE_AFTER_HEAVY_LIMIT:
+        return []
+    for up in graph.upstream(name):
+        up_plan = graph.nodes.get(up)
+        if up_plan is None or up_plan.params is None or up_plan.op.name != "map":
+            continue
+        if heavy_output(resolve_fn(up_plan.params.fn)):
+            return [Problem(name, f"a shuffle buffer of {p.size} items after '{up}' ({up_plan.params.fn}) holds "
+                                  "decoded samples: memory grows with the buffer and a restore re-decodes a "
+                                  "whole window; shuffle the small records before decoding (move this node "
+                                  f"above '{up}')", ("size",), "size")]
+    return []
 
 
 @dataclass(frozen=True)
@@ -231,6 +204,14 @@ class BatchParams:
 
 def _build_batch(p: BatchParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
     return Batch(inputs[0], size=p.size, drop_last=p.drop_last)
+
+
+def _batch_size(p: BatchParams) -> int:
+    return p.size
+
+
+def _length_batch(p: BatchParams, n: list[int], where: Where, source: Any) -> int | None:
+    return n[0] // p.size if p.drop_last else -(-n[0] // p.size)
 
 
 @dataclass(frozen=True)
@@ -283,6 +264,12 @@ def _build_mix(p: MixParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseN
     return Mix(inputs, weights=p.weights, stop=p.stop.value, seed=ctx.seed_for(p.seed))
 
 
+def _length_mix(p: MixParams, n: list[int], where: Where, source: Any) -> int | None:
+    if p.stop is Stop.all and all(w > 0 for w in p.weights):
+        return sum(n)  # every input is drawn to its end
+    return None
+
+
 def _check_mix(p: MixParams, n_inputs: int) -> list[tuple[str, str]]:
     errors = []
     if len(p.weights) != n_inputs:
@@ -305,12 +292,12 @@ def _elastic_shuffle(p: ShuffleBufferParams, ctx: Any, cursor: Cursor) -> Cursor
                                        epoch=ctx.epoch, rank=ctx.build.rank, left_after=ctx.left_after)
 
 
-def _elastic_map(p: MapParams, ctx: Any, cursor: Cursor) -> Cursor:
-    if not p.ordered:
-        raise ValueError("ordered: false emits items in the order they finish, which no state records")
-    if p.batch is not None:
-        return MapBatches.elastic_input(cursor, p.batch)
-    return Map.elastic_input(cursor)
+def _elastic_shard(p: ShardParams, ctx: Any, cursor: Cursor) -> dict[str, Any]:
+    """What the old slot took of the deal (``Shard.elastic_taken``), its slot under ``settings``."""
+    slot = shard_slot(p, ctx.build)
+    taken = Shard.elastic_taken(cursor, **slot)
+    taken["settings"] = slot
+    return taken
 
 
 def _elastic_batch(p: BatchParams, ctx: Any, cursor: Cursor) -> Cursor:
@@ -324,51 +311,54 @@ def _elastic_prefetch(p: PrefetchParams, ctx: Any, cursor: Cursor) -> Cursor:
 LIST_FILES = OpSpec("list_files", ListFilesParams, _build_list_files, "none",
                     "files matching a glob, sorted, as {path, label, index}; a global order "
                     "(elastic above a shard)", check=_check_list_files,
+                    length=listed_count, listing=True, per_record=True,
                     items_in='', items_out='{path, label, index} per file, sorted by path',
                     example='files: {op: list_files, url: "${root}/*/*.JPEG", label: parent_dir, shuffle: true}')
 SHARD = OpSpec("shard", ShardParams, _build_shard, "one", "keep this rank's share; elastic: re-deals what an "
                "interrupted epoch left to a new world size or number of copies",
+               length=_length_shard, elastic=_elastic_shard, deal=_deal_shard, per_record=True,
+               not_global="the shard's input is then one rank's share",
                items_in='any items', items_out="the same items: this rank's share (and this worker copy's)",
                example='shard: {op: shard, by: [rank, worker]}')
 SHUFFLE_BUFFER = OpSpec("shuffle_buffer", ShuffleBufferParams, _build_shuffle, "one",
                         "shuffle within windows of `size` items; elastic below the shard (names what "
                         "a partly drained window emitted), not above it (its order is per rank)",
-                        elastic=_elastic_shuffle,
+                        elastic=_elastic_shuffle, length=same_count, keeps_count="always", per_record=True,
+                        not_global="its windows are permuted per rank", graph_check=_graph_check_shuffle,
                         items_in='any items (small records: shuffle before decoding)',
                         items_out='the same items, shuffled within windows',
                         example='shuffle: {op: shuffle_buffer, size: 10000}')
-MAP = OpSpec("map", MapParams, _build_map, "one", "fn over items, in order, in threads or processes; "
-             "elastic (not with ordered: false)", _check_map, elastic=_elastic_map,
-             items_in='any items', items_out='what fn returns for each',
-             example='decode: {op: map, fn: conveyor.image:train_transform, args: {size: 224}, workers: 4}')
-FILTER = OpSpec("filter", FilterParams, _build_filter, "one", "drop items where fn is false; not elastic below a "
-                "shard (which items it kept is known only by running fn)", _check_filter,
-                items_in='any items', items_out='the items fn keeps (the rest are counted as filtered)',
-                example='keep: {op: filter, fn: mypkg.rules:long_enough, args: {min_len: 16}}')
 BATCH = OpSpec("batch", BatchParams, _build_batch, "one", "lists of `size` items; elastic", elastic=_elastic_batch,
+               length=_length_batch, keeps_count="always", batches=True, batch_rows=_batch_size,
                items_in='any items',
                items_out='lists of size items (the last may be shorter unless drop_last)',
                example='batch: {op: batch, size: 32, drop_last: true}')
 COLLATE = OpSpec("collate", NoParams, _build_collate, "one", "stack samples (default_collate); elastic",
-                 elastic=elastic_through,
+                 elastic=elastic_through, length=same_count, keeps_count="always", collates=True,
+                 stacks_rows=True,
                  items_in='lists of samples (after batch)',
                  items_out='a batch: tensors stacked, dicts and tuples field by field',
                  example='collate: {op: collate}')
 PIN_MEMORY = OpSpec("pin_memory", PinMemoryParams, _build_pin, "one", "page-locked memory on CUDA; elastic",
-                    elastic=elastic_through,
+                    elastic=elastic_through, length=same_count, keeps_count="always", per_record=True,
+                    pass_through=True, safe_params=frozenset({"enabled"}),
                     items_in='batches', items_out='the same batches, in page-locked memory on CUDA',
                     example='pin: {op: pin_memory}')
 PREFETCH = OpSpec("prefetch", PrefetchParams, _build_prefetch, "one", "background thread, bounded queue; elastic",
-                  elastic=_elastic_prefetch,
+                  elastic=_elastic_prefetch, length=same_count, keeps_count="always", per_record=True,
+                  pass_through=True, safe_params=frozenset({"depth", "snapshot_every"}),
                   items_in='any items', items_out='the same items, made ahead in a background thread',
                   example='out: {op: prefetch, depth: 4}')
 TO_DEVICE = OpSpec("to_device", ToDeviceParams, _build_to_device, "one",
                    "copy batches to a GPU on a side stream, one ahead; elastic",
-                   elastic=elastic_through,
+                   elastic=elastic_through, length=same_count, keeps_count="always", per_record=True,
+                   pass_through=True, safe_params=frozenset({"device", "non_blocking"}),
                    items_in='batches', items_out='the same batches on the device',
                    example='gpu: {op: to_device, device: cuda}')
 MIX = OpSpec("mix", MixParams, _build_mix, "many", "weighted sampling over inputs; not elastic below a "
              "shard (its draws depend on every input's length)", _check_mix,
+             length=_length_mix, per_record=True, not_global="its draws depend on where each input stands",
+             unknown_length="draws at random until an input ends (stop: first) or never ends (stop: forever)",
              items_in='several streams (input: [a, b])',
              items_out='their items, interleaved at random by weight',
              example='mixed: {op: mix, input: [cats, dogs], weights: [0.5, 0.5], stop: first}')

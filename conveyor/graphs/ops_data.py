@@ -20,6 +20,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.dataset import DatasetHandle, check_dataset, open_dataset
 from conveyor.graphs.fn_check import at_param, bind_problems
+from conveyor.graphs.opspec import listed_count
 from conveyor.graphs.ops import BuildContext
 from conveyor.graphs.registry import OpSpec, param, resolve_attr
 from conveyor.nodes.dataset import DatasetSampler, bad_weight
@@ -106,7 +107,7 @@ def _build_dataset(p: DatasetParams, inputs: list[BaseNode], ctx: BuildContext) 
 DATASET = OpSpec("dataset", DatasetParams, _build_dataset, "none",
                  "indexes of a map-style Dataset (torch, Hugging Face, any __len__/__getitem__), "
                  "sampled per epoch; read them with map fn: conveyor.dataset:getitem; a global order (elastic "
-                 "above a shard)", _check_dataset,
+                 "above a shard)", _check_dataset, length=listed_count,
                  items_in='',
                  items_out="{index, dataset} per draw; map fn conveyor.dataset:getitem turns it into "
                            "dataset[index]",
@@ -149,6 +150,9 @@ def _build_iterable(p: IterableParams, inputs: list[BaseNode], ctx: BuildContext
 ITERABLE = OpSpec("iterable", IterableParams, _build_iterable, "none",
                   "items of an IterableDataset (torch, Hugging Face) or any iterable; resumed through its "
                   "state_dict when it has one, else by re-reading and skipping; not elastic (no positions to "
-                  "deal again)", _check_iterable,
+                  "deal again)", _check_iterable, length=listed_count,
+                  unknown_length="wraps an iterable that has no len()", shards_itself=True,
+                  not_global="an iterable has no positions: nothing says it yields the same items in the same "
+                             "order again (it may shard itself by rank)",
                   items_in='', items_out="the iterable's items, as it yields them",
                   example='stream: {op: iterable, iterable: mypkg.data:make_stream, args: {split: train}}')

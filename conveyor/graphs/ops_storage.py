@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from torchdata.nodes import BaseNode
 
+from conveyor.graphs.opspec import count_unless_skipping
 from conveyor.graphs.ops import BuildContext, OnError, elastic_through
 from conveyor.graphs.registry import OpSpec, param
 from conveyor.nodes.fetch import Fetch
@@ -95,14 +96,19 @@ def _build_read_tar(p: ReadTarParams, inputs: list[BaseNode], ctx: BuildContext)
 
 FETCH = OpSpec("fetch", FetchParams, _build_fetch, "one",
                "read each record's object (bytes), many at once, in order, with retries; elastic",
-               _check_remote, elastic=elastic_through,
+               _check_remote, elastic=elastic_through, length=count_unless_skipping,
+               unknown_length="skips the items that fail (on_error: skip)", keeps_count="unless_skipping",
+               per_record=True, safe_params=frozenset({"attempts", "timeout", "backoff", "backoff_max", "cache",
+                                                       "cache_size", "concurrency"}),
                items_in='records with a URL under field (list_files records)',
                items_out="the same records with the object's bytes under out",
                example='fetch: {op: fetch, concurrency: 32}')
 READ_TAR = OpSpec("read_tar", ReadTarParams, _build_read_tar, "one",
                   "samples from tar shards (WebDataset layout), streamed, resumable mid-shard; "
                   "elastic above a shard (a global order), not below one (a shard partly read)",
-                  _check_remote,
+                  _check_remote, unknown_length="yields as many samples as its shards hold", per_record=True,
+                  safe_params=frozenset({"attempts", "timeout", "backoff", "backoff_max", "cache", "cache_size",
+                                         "block_size", "read_ahead"}),
                   items_in='shard records {path, index} (list_files)',
                   items_out='samples {__key__, __url__, index, <extension>: bytes, ...}',
                   example='samples: {op: read_tar, on_error: skip}')

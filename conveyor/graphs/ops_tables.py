@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from torchdata.nodes import BaseNode
 
+from conveyor.graphs.opspec import count_unless_skipping, listed_count
 from conveyor.graphs.ops import BuildContext, KeyLabel, OnError, elastic_through
 from conveyor.graphs.registry import OpSpec, param
 
@@ -93,17 +94,20 @@ def _build_read_lmdb(p: ReadLmdbParams, inputs: list[BaseNode], ctx: BuildContex
 READ_PARQUET = OpSpec("read_parquet", ReadParquetParams, _build_read_parquet, "one",
                       "rows of Parquet files (pyarrow), by row group, resumable mid-file; elastic above a "
                       "shard (a global order), not below one (a file partly read)", _check_read_parquet,
+                      unknown_length="yields as many rows as its files hold", per_record=True,
                       items_in='file records {path, ...} (list_files)',
                       items_out='one dict per row, by column',
                       example='rows: {op: read_parquet, columns: [text, label]}')
 LIST_LMDB = OpSpec("list_lmdb", ListLmdbParams, _build_list_lmdb, "none",
                    "keys of a local LMDB environment in key order, as {lmdb, key, label, index}; a "
                    "global order (elastic above a shard)", _check_list_lmdb,
+                   length=listed_count, listing=True, per_record=True,
                    items_in='', items_out='{lmdb, key, label, index} per key, in key order',
                    example='keys: {op: list_lmdb, path: "${root}/train.lmdb", shuffle: true}')
 READ_LMDB = OpSpec("read_lmdb", ReadLmdbParams, _build_read_lmdb, "one",
                    "each key record's value from its LMDB environment, lock-free readers; elastic",
-                   _check_read_lmdb, elastic=elastic_through,
+                   _check_read_lmdb, elastic=elastic_through, length=count_unless_skipping,
+                   unknown_length="skips the keys that fail (on_error: skip)", per_record=True,
                    items_in='key records (list_lmdb)',
                    items_out="the same records with the value's bytes under out",
                    example='values: {op: read_lmdb}')

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from torchdata.nodes import BaseNode
 
+from conveyor.graphs.opspec import Problem, SpecGraph, same_count
 from conveyor.graphs.ops import BuildContext, OnError, elastic_through
 from conveyor.graphs.registry import Fn, OpSpec, param, resolve_fn
 from conveyor.nodes.bucket_batch import DEFAULT_POOL, BucketBatch
@@ -170,21 +171,52 @@ def _check_pad_collate(p: PadCollateParams, n_inputs: int) -> list[tuple[str, st
     return errors
 
 
+def _graph_check_pad_collate(graph: SpecGraph, name: str) -> list[Problem]:
+    """A bucket_batch with a token budget feeding this pad_collate padding to a multiple (through
+    nodes that pass batches on as they are) must assume a padded length at least this one's,
+    else batches come out over ``max_tokens``: its multiple must be one of this one's."""
+    m = graph.nodes[name].params.pad_to_multiple_of or 1
+    if m <= 1:
+        return []
+    at = name
+    while len(graph.inputs.get(at, [])) == 1:
+        up = graph.nodes.get(graph.inputs[at][0])
+        if up is None or up.params is None:
+            return []
+        if up.op.name == "bucket_batch":
+            assumed = up.params.pad_to_multiple_of or 1
+            if up.params.max_tokens is None or not assumed % m:
+                return []
+            return [Problem(up.name, f"'{name}' (pad_collate) pads to a multiple of {m}, but this budget assumes "
+                                     f"{'no padding beyond the longest' if assumed == 1 else f'a multiple of {assumed}'}: "
+                                     f"batches would come out over max_tokens {up.params.max_tokens}; set "
+                                     f"pad_to_multiple_of: {m} here, as pad_collate has it",
+                            ("pad_to_multiple_of",) if up.params.pad_to_multiple_of else ("max_tokens",),
+                            "pad_to_multiple_of")]
+        if not up.op.pass_through:
+            return []
+        at = up.name
+    return []
+
+
 READ_JSONL = OpSpec("read_jsonl", ReadJsonlParams, _build_read_jsonl, "one",
                     "records of JSONL / text-line files, resumable mid-file; elastic above a shard "
                     "(a global order), not below one (a file partly read)", _check_read_jsonl,
+                    unknown_length="yields as many records as its files hold", per_record=True,
                     items_in='file records {path, ...} (list_files)',
                     items_out='one dict per line (format: lines: {text})',
                     example='records: {op: read_jsonl, field: text}')
 BUCKET_BATCH = OpSpec("bucket_batch", BucketBatchParams, _build_bucket_batch, "one",
                       "batches of similar lengths from sorted per-bucket pools; not elastic (which "
                       "items its pools emitted is known only by rebuilding them)", _check_bucket_batch,
+                      unknown_length="cuts batches by the items' lengths", batches=True,
                       items_in='samples with a length field (input_ids)',
                       items_out='lists of samples of similar lengths',
                       example='buckets: {op: bucket_batch, boundaries: [64, 128, 256, 512], max_tokens: 8192}')
 PAD_COLLATE = OpSpec("pad_collate", PadCollateParams, _build_pad_collate, "one",
                      "pad sequences to the batch's longest; adds lengths and attention_mask; elastic",
-                     _check_pad_collate, elastic=elastic_through,
+                     _check_pad_collate, elastic=elastic_through, length=same_count, keeps_count="always",
+                     collates=True, graph_check=_graph_check_pad_collate,
                      items_in='lists of samples with sequence fields',
                      items_out='a batch: padded tensors plus lengths and attention_mask',
                      example='pad: {op: pad_collate, fields: [input_ids], pad_value: 0}')

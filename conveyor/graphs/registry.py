@@ -1,4 +1,5 @@
-"""The table of ops: op name -> (params dataclass, build function, what inputs it takes).
+"""The table of ops: op name -> its ``OpSpec`` (params dataclass, build function, and every
+fact the compiler asks about the op: see conveyor/graphs/opspec.py).
 
 One table, read lazily: ``_BUILTIN`` maps each built-in op to ``module:attr`` of its
 ``OpSpec``, imported the first time the op is looked up. Third-party packages add ops
@@ -12,72 +13,17 @@ validator checks, and ``param(min=...)`` adds bounds.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import importlib
 import logging
 import typing
-from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from conveyor.errors import ConveyorError
+from conveyor.graphs.opspec import Fn, Inputs, OpSpec, param  # noqa: F401 - re-exported: plug-ins import them here
 
 log = logging.getLogger(__name__)
-
-Inputs = Literal["none", "one", "many"]
-
-
-class Fn(str):
-    """Marks a param as a callable named ``module:attr`` (imported when the spec is checked)."""
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    """What the compiler knows about one op.
-
-    Args:
-        name: the op's name in specs.
-        params: a frozen dataclass; its fields are the op's params.
-        build: ``build(params, inputs, ctx) -> BaseNode``.
-        inputs: ``"none"`` (a source), ``"one"`` or ``"many"`` (fan-in, inputs named as a list).
-        doc: one line for ``conveyor show`` and error hints.
-        check: optional ``check(params, n_inputs) -> [(param, message)]`` for rules that
-            span several params or the inputs; ``param`` may be a path into a param,
-            ``("args", "size")`` or ``("weights", 3)``, to point at that key or item.
-        length: optional ``length(params, input_counts, where, source_count) -> int | None``,
-            the node's items per epoch for ``len(loader)`` (see graphs/length.py); the
-            built-in ops have theirs in ``length.LENGTH``.
-        items_in: what the op reads, for the reference (``conveyor ops OP``, docs/ops.md).
-        items_out: what it yields.
-        example: one spec line using it, ``name: {op: ..., ...}``.
-        elastic: for an op that can be resumed on another world size or number of worker
-            copies, ``elastic(params, ctx, cursor) -> cursor``: from what was consumed of
-            its output (a ``conveyor.nodes._elastic.Cursor``), what was consumed of its input
-            (see ``conveyor/graphs/elastic.py``). None: the op cannot (its doc says why).
-    """
-
-    name: str
-    params: type
-    build: Callable[..., Any]
-    inputs: Inputs = "one"
-    doc: str = ""
-    check: Callable[[Any, int], list[tuple[str, str]]] | None = None
-    length: Callable[..., int | None] | None = None
-    items_in: str = ""
-    items_out: str = ""
-    example: str = ""
-    elastic: Callable[[Any, Any, Any], Any] | None = None
-
-
-def param(default: Any = dataclasses.MISSING, *, min: float | None = None, doc: str = "",
-          factory: Callable[[], Any] | None = None) -> Any:
-    """A dataclass field with validation metadata (``min``) and a doc line."""
-    meta = {"min": min, "doc": doc}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
 
 _BUILTIN: dict[str, str] = {
     "batch": "conveyor.graphs.ops:BATCH",
@@ -85,11 +31,11 @@ _BUILTIN: dict[str, str] = {
     "collate": "conveyor.graphs.ops:COLLATE",
     "dataset": "conveyor.graphs.ops_data:DATASET",
     "fetch": "conveyor.graphs.ops_storage:FETCH",
-    "filter": "conveyor.graphs.ops:FILTER",
+    "filter": "conveyor.graphs.ops_map:FILTER",
     "iterable": "conveyor.graphs.ops_data:ITERABLE",
     "list_files": "conveyor.graphs.ops:LIST_FILES",
     "list_lmdb": "conveyor.graphs.ops_tables:LIST_LMDB",
-    "map": "conveyor.graphs.ops:MAP",
+    "map": "conveyor.graphs.ops_map:MAP",
     "mix": "conveyor.graphs.ops:MIX",
     "pad_collate": "conveyor.graphs.ops_text:PAD_COLLATE",
     "pin_memory": "conveyor.graphs.ops:PIN_MEMORY",

@@ -3,41 +3,34 @@
 ``validate(doc, overrides)`` reads a parsed spec (with positions) and returns a ``Plan``: the
 merged params, every node with its op, typed params and resolved inputs, and the output.
 It never stops at the first problem: every mistake it can find is collected and raised
-together as ``SpecErrors``. What it checks: the spec's top-level keys; param overrides
-(unknown key, wrong type); ``${param}`` references; each node's op (with a did-you-mean),
-its params (unknown, missing, wrong type, out of range, ``fn`` that cannot be imported, a
-process map whose fn cannot be pickled); inputs (dangling, a source given an input, a fan-in
-op without a list); cycles; nodes nothing consumes; the output; and graph-level rules (an
-unordered map in a graph that must resume exactly; a shuffle buffer placed after a decode).
+together as ``SpecErrors``. What it checks here: the spec's top-level keys; param overrides
+(unknown key, wrong type); ``${param}`` references; inputs that are not defined; cycles;
+nodes nothing consumes or that feed two; the output; and the top-level ``workers``
+(conveyor/graphs/copies_check.py). Each node's op, params and inputs are checked in
+conveyor/graphs/node_checks.py, the rules across nodes (an unordered map in a graph that
+must resume exactly; a shuffle buffer placed after a decode; a collate with no batch above
+it) in conveyor/graphs/graph_rules.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import pickle
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from conveyor.errors import ConveyorError, SpecError, SpecErrors
-from conveyor.graphs.copies_check import check_copies, start_methods
+from conveyor.errors import SpecError, SpecErrors
+from conveyor.graphs.copies_check import check_copies
 from conveyor.graphs.even import MODES as EVEN_MODES
-from conveyor.graphs.fn_args import check_args
-from conveyor.graphs.params import (SPEC_DIR, apply_overrides, builtin_params, did_you_mean, env_name, interpolate,
+from conveyor.graphs.graph_rules import find_cycle, graph_rules
+from conveyor.graphs.node_checks import (SECRET_PARAMS, Errors, check_params, env_unset_message,
+                                         inputs_of, mentioned, op_of)
+from conveyor.graphs.params import (SPEC_DIR, apply_overrides, builtin_params, did_you_mean, interpolate,
                                     redact_texts, referenced, secret_texts, split_overrides)
-from conveyor.graphs.registry import Fn, OpSpec, coerce, get_op, is_builtin, op_names, resolve_fn
+from conveyor.graphs.registry import OpSpec, op_names
 from conveyor.graphs.yaml_loader import Located
 
-SECRET_PARAMS = ("storage_options",)  # never shown; compile.py keeps them out of states too
 TOP_KEYS = ("params", "nodes", "output", "resumable", "workers", "even_batches", "watchdog", "description")
-NODE_KEYS = ("op", "input")
 MAX_NODES = 500  # keeps the checks (did-you-mean hints compare names) within seconds
-COLLATING_OPS = ("collate", "pad_collate")  # they need batches: a list of samples per item
-PER_RECORD_OPS = ("list_files", "list_lmdb", "read_jsonl", "read_lmdb", "read_parquet", "read_tar", "fetch",
-                  "shard", "shuffle_buffer", "filter", "map", "mix", "prefetch", "pin_memory", "to_device")
-PER_SAMPLE_FNS = ("conveyor.image:", "conveyor.text:", "conveyor.files:")  # one sample in, one out
-SHUFFLE_AFTER_HEAVY_LIMIT = 64  # a shuffle window bigger than this after a decode is refused
 
 
 @dataclass
@@ -68,244 +61,6 @@ class Plan:
     secret_params: frozenset = frozenset()  # params that reach storage_options: never shown
     watchdog: float = 60.0  # seconds of stall before a warning says where: conveyor/graphs/watchdog.py
     spec_dir: str = ""  # what ${spec_dir} stood for: states name paths under it by that reference
-
-
-class _Errors:
-    def __init__(self, doc: Located):
-        self.doc = doc
-        self.items: list[SpecError] = []
-
-    def add(self, message: str, at: tuple, *, key: bool = False, node: str | None = None,
-            op: str | None = None, param: str | None = None) -> None:
-        line, col = self.doc.where(at, key=key)
-        self.items.append(SpecError(message, self.doc.path, line, col, node, op, param))
-
-
-def _type_name(v: Any) -> str:
-    return {bool: "bool", int: "int", float: "float", str: "string", list: "list", dict: "mapping",
-            type(None): "null"}.get(type(v), type(v).__name__)
-
-
-def _check_params(op: OpSpec, name: str, body: dict[str, Any], params: Mapping[str, Any],
-                  errs: _Errors) -> tuple[Any, dict[str, Any]]:
-    fields = {f.name: f for f in dataclasses.fields(op.params)}
-    hints = typing.get_type_hints(op.params)
-    values: dict[str, Any] = {}
-    raw: dict[str, Any] = {}
-    ok = True
-    at_node = ("nodes", name)
-    suggested: set[str] = set()  # a typo'd param is reported once, not also as missing
-    for key, value in body.items():
-        if key in NODE_KEYS:
-            continue
-        if key not in fields:
-            choices = list(fields) + list(NODE_KEYS)
-            hint = did_you_mean(key, choices) or (
-                f"; {op.name} takes: {', '.join(fields) or 'no params'}")
-            suggested.update(c for c in choices if hint == f" (did you mean '{c}'?)")
-            errs.add(f"unknown param '{key}'{hint}", at_node + (key,), key=True, node=name, op=op.name,
-                     param=key)
-            ok = False
-            continue
-        try:
-            value = interpolate(value, params)
-        except KeyError as missing:
-            ref = missing.args[0]
-            if env_name(ref) is not None:
-                errs.add(env_unset_message(ref), at_node + (key,), node=name, op=op.name, param=key)
-                ok = False
-                continue
-            env_hint = f" (to read the environment variable, write ${{env:{ref}}})" if ref in os.environ else ""
-            errs.add(f"undefined param '${{{ref}}}'" + (did_you_mean(ref, params) or env_hint)
-                     + f"; declare it under params: "
-                       f"({', '.join(sorted(set(params) - {SPEC_DIR})) or 'none declared'})",
-                     at_node + (key,), node=name, op=op.name, param=key)
-            ok = False
-            continue
-        raw[key] = value
-        try:
-            typed = coerce(hints[key], value)
-        except TypeError as expected:
-            shown = "(value hidden: it may hold secrets)" if key in SECRET_PARAMS else repr(value)
-            errs.add(f"expected {expected.args[0]}, got {_type_name(value)} {shown}",
-                     at_node + (key,), node=name, op=op.name, param=key)
-            ok = False
-            continue
-        low = fields[key].metadata.get("min")
-        if low is not None and typed is not None and isinstance(typed, (int, float)) and typed < low:
-            kind = "an int" if isinstance(typed, int) else "a number"
-            what = "a positive int" if low == 1 and isinstance(typed, int) else f"{kind} >= {low}"
-            errs.add(f"expected {what}, got {typed!r}", at_node + (key,), node=name, op=op.name, param=key)
-            ok = False
-            continue
-        if hints[key] is Fn:
-            try:
-                resolve_fn(typed)
-            except ValueError as exc:
-                errs.add(str(exc), at_node + (key,), node=name, op=op.name, param=key)
-                ok = False
-                continue
-        values[key] = typed
-    for fname, f in fields.items():
-        if fname not in values and fname not in body and fname not in suggested \
-                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            errs.add(f"missing; {op.name} requires it" + (f" ({f.metadata['doc']})" if f.metadata.get("doc") else ""),
-                     at_node, key=True, node=name, op=op.name, param=fname)
-            ok = False
-    if not ok:
-        return None, raw
-    return op.params(**values), raw
-
-
-def _inputs_of(name: str, body: dict[str, Any], op: OpSpec, previous: str | None,
-               errs: _Errors) -> list[str]:
-    at = ("nodes", name, "input")
-    given = body.get("input")
-    if op.inputs == "none":
-        if given is not None:
-            errs.add(f"{op.name} is a source and takes no input", at, key=True, node=name, op=op.name,
-                     param="input")
-        return []
-    if given is None:
-        if op.inputs == "many":
-            errs.add(f"{op.name} combines several inputs: name them, e.g. input: [a, b]", ("nodes", name),
-                     key=True, node=name, op=op.name, param="input")
-            return []
-        if previous is None:
-            errs.add("no input: this is the first node, so name an input or start with a source "
-                     "such as list_files", ("nodes", name), key=True, node=name, op=op.name, param="input")
-            return []
-        return [previous]
-    if op.inputs == "many" and isinstance(given, str):
-        errs.add(f"{op.name} combines several inputs: name them as a list, e.g. input: [{given}, other]",
-                 at, node=name, op=op.name, param="input")
-        return []
-    names = [given] if isinstance(given, str) else given
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not names:
-        errs.add(f"input must be a node name or a list of names, got {given!r}", at, node=name,
-                 op=op.name, param="input")
-        return []
-    if op.inputs == "one" and len(names) != 1:
-        errs.add(f"{op.name} takes one input, got {len(names)}", at, node=name, op=op.name, param="input")
-        return []
-    return names
-
-
-def _op_of(name: str, body: Any, known: list[str], errs: _Errors) -> OpSpec | None:
-    """The node's ``OpSpec``, or ``None`` after reporting why there is none."""
-    at = ("nodes", name)
-    if not isinstance(body, dict):
-        errs.add(f"a node is a mapping like {{op: batch, size: 32}}, got {_type_name(body)}", at, node=name)
-        return None
-    op_name = body.get("op")
-    if op_name is None:
-        errs.add("missing: every node names its op, e.g. op: batch", at, key=True, node=name, param="op")
-        return None
-    try:
-        op = get_op(op_name) if isinstance(op_name, str) else None
-    except ConveyorError as exc:  # a registered op whose module fails to import
-        errs.add(str(exc), at + ("op",), node=name, param="op")
-        return None
-    if op is None:
-        hint = did_you_mean(str(op_name), known)
-        errs.add(f"unknown op '{op_name}'" + (hint or f"; known ops: {', '.join(known)}"), at + ("op",),
-                 node=name, param="op")
-    return op
-
-
-def _mentioned(body: Any, previous: str | None) -> list[str]:
-    """The nodes a node may have meant to read: what its ``input`` names, else the node above."""
-    given = body.get("input") if isinstance(body, dict) else None
-    names = given if isinstance(given, list) else [given]
-    named = [n for n in names if isinstance(n, str)]
-    if not named and previous is not None:
-        return [previous]
-    return named
-
-
-def _find_cycle(inputs: dict[str, list[str]]) -> list[str] | None:
-    """A cycle as ``[a, ..., a]`` (each node reads the next), or None. Iterative: a spec may
-    chain more nodes than Python's recursion limit."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    for start in inputs:
-        if start in state:
-            continue
-        path: list[str] = [start]
-        todo: list[list[str]] = [[m for m in inputs[start] if m in inputs]]
-        state[start] = 1
-        while path:
-            if not todo[-1]:
-                state[path.pop()] = 2
-                todo.pop()
-                continue
-            m = todo[-1].pop(0)
-            if state.get(m) == 1:
-                return path[path.index(m):] + [m]
-            if m not in state:
-                state[m] = 1
-                path.append(m)
-                todo.append([k for k in inputs[m] if k in inputs])
-    return None
-
-
-def _batched_before(name: str, nodes: dict[str, NodePlan], graph: dict[str, list[str]]) -> bool:
-    """Whether some node above ``name`` may make batches: a batching op, or anything that may hand
-    on a user's lists (a user's fn, an ``iterable`` or ``dataset`` source, a plug-in op), or a
-    node whose check failed (reported on its own). Only ops known to pass single records, and
-    conveyor's own per-sample fns, are known not to."""
-    seen: set[str] = set()
-    todo = list(graph.get(name, []))
-    while todo:
-        up = todo.pop()
-        if up in seen:
-            continue
-        seen.add(up)
-        plan = nodes.get(up)
-        if plan is None or plan.params is None or plan.op.name not in PER_RECORD_OPS \
-                or not is_builtin(plan.op.name):
-            return True
-        if plan.op.name == "map" and not str(plan.params.fn).startswith(PER_SAMPLE_FNS):
-            return True
-        todo.extend(graph.get(up, []))
-    return False
-
-
-def _budget_padding(pad: NodePlan, nodes: dict[str, NodePlan], graph: dict[str, list[str]], errs: _Errors) -> None:
-    """A bucket_batch with a token budget feeding ``pad`` (a pad_collate padding to a multiple,
-    through nodes that pass batches on as they are) must assume a padded length at least
-    ``pad``'s, else batches come out over ``max_tokens``: its multiple must be one of ``pad``'s."""
-    m = pad.params.pad_to_multiple_of
-    name = pad.name
-    while len(graph.get(name, [])) == 1:
-        up = nodes.get(graph[name][0])
-        if up is None or up.params is None:
-            return
-        if up.op.name == "bucket_batch":
-            assumed = up.params.pad_to_multiple_of or 1
-            if up.params.max_tokens is not None and assumed % m:
-                errs.add(f"'{pad.name}' (pad_collate) pads to a multiple of {m}, but this budget assumes "
-                         f"{'no padding beyond the longest' if assumed == 1 else f'a multiple of {assumed}'}: "
-                         f"batches would come out over max_tokens {up.params.max_tokens}; set "
-                         f"pad_to_multiple_of: {m} here, as pad_collate has it",
-                         ("nodes", up.name, "pad_to_multiple_of") if up.params.pad_to_multiple_of
-                         else ("nodes", up.name, "max_tokens"), node=up.name, op="bucket_batch",
-                         param="pad_to_multiple_of")
-            return
-        if up.op.name not in ("prefetch", "pin_memory", "to_device"):
-            return
-        name = up.name
-
-
-def _upstream(name: str, inputs: dict[str, list[str]]) -> set[str]:
-    seen: set[str] = set()
-    todo = list(inputs.get(name, []))
-    while todo:
-        n = todo.pop()
-        if n in seen or n not in inputs:
-            continue
-        seen.add(n)
-        todo.extend(inputs[n])
-    return seen
 
 
 def secret_params(data: Any) -> set[str]:
@@ -349,7 +104,7 @@ def validate(doc: Located, overrides: Mapping[str, Any] | None = None) -> Plan:
 
 
 def _validate(doc: Located, overrides: Mapping[str, Any] | None, secret: set[str]) -> Plan:
-    errs = _Errors(doc)
+    errs = Errors(doc)
     data = doc.data
     if not isinstance(data, dict):
         errs.add("a spec is a mapping with 'params', 'nodes' and 'output'", ())
@@ -409,17 +164,17 @@ def _validate(doc: Located, overrides: Mapping[str, Any] | None, secret: set[str
     for name, body in raw_nodes.items():
         at = ("nodes", name)
         nline, ncol = doc.where(at, key=True)
-        op = _op_of(name, body, known, errs)
+        op = op_of(name, body, known, errs)
         if op is None:
-            maybe_used.update(_mentioned(body, previous))
+            maybe_used.update(mentioned(body, previous))
             previous = name
             continue
         before = len(errs.items)
-        inputs = _inputs_of(name, body, op, previous, errs)
+        inputs = inputs_of(name, body, op, previous, errs)
         inputs_ok = len(errs.items) == before
         if not inputs_ok:
-            maybe_used.update(_mentioned(body, previous))
-        typed, raw = _check_params(op, name, body, scope, errs)
+            maybe_used.update(mentioned(body, previous))
+        typed, raw = check_params(op, name, body, scope, errs)
         if typed is not None and op.check is not None and inputs_ok:
             for pname, message in op.check(typed, len(inputs)):
                 # a param, or a path into one (("args", "sizee")): then the key or item it names
@@ -440,7 +195,7 @@ def _validate(doc: Located, overrides: Mapping[str, Any] | None, secret: set[str
                 maybe_used.update(n for n in all_names if hint == f" (did you mean '{n}'?)")
 
     graph = {n: [i for i in p.inputs if i in raw_nodes] for n, p in nodes.items()}
-    cycle = _find_cycle(graph)
+    cycle = find_cycle(graph)
     if cycle:
         first = cycle[0]
         errs.add("cycle: " + " -> ".join(reversed(cycle)), ("nodes", first), key=True, node=first,
@@ -469,7 +224,7 @@ def _validate(doc: Located, overrides: Mapping[str, Any] | None, secret: set[str
                 errs.add(f"nothing consumes node '{n}' and it is not the output '{output}': "
                          "remove it or name it as an input", ("nodes", n), key=True, node=n,
                          op=nodes[n].op.name if n in nodes else None)
-        _graph_rules(nodes, graph, resumable, errs)
+        graph_rules(nodes, graph, resumable, errs)
         copies = check_copies(data.get("workers"), nodes, graph, output, scope, errs, raw_nodes)
 
     seed = params.get("seed", 0)
@@ -479,13 +234,9 @@ def _validate(doc: Located, overrides: Mapping[str, Any] | None, secret: set[str
                 copies, even, watchdog=float(watchdog), spec_dir=builtins[SPEC_DIR])
 
 
-def env_unset_message(ref: str) -> str:
-    name = env_name(ref)
-    return (f"environment variable '{name}' is not set (set it, or give a default: "
-            f"${{env:{name},default}})")
 
 
-def _resolve_params(params: dict[str, Any], builtins: dict[str, Any], errs: _Errors) -> dict[str, Any]:
+def _resolve_params(params: dict[str, Any], builtins: dict[str, Any], errs: Errors) -> dict[str, Any]:
     """Declared params with ``${env:...}`` and built-in references (``${spec_dir}``) replaced."""
     out = {}
     for key, value in params.items():
@@ -497,7 +248,7 @@ def _resolve_params(params: dict[str, Any], builtins: dict[str, Any], errs: _Err
     return out
 
 
-def _override_nodes(raw_nodes: dict[str, Any], overrides: dict[tuple[str, str], Any], errs: _Errors,
+def _override_nodes(raw_nodes: dict[str, Any], overrides: dict[tuple[str, str], Any], errs: Errors,
                     where: tuple[int, int]) -> dict[str, Any]:
     """The spec's nodes with ``NODE.PARAM`` overrides applied (copies: the document is kept
     as read). The values are then checked like the spec's own."""
@@ -516,59 +267,3 @@ def _override_nodes(raw_nodes: dict[str, Any], overrides: dict[tuple[str, str], 
             continue  # the node itself is reported as broken
         out[node] = {**out[node], pname: value}
     return out
-
-
-def _graph_rules(nodes: dict[str, NodePlan], graph: dict[str, list[str]], resumable: bool,
-                 errs: _Errors) -> None:
-    for plan in nodes.values():
-        p = plan.params
-        if p is None:
-            continue
-        url, options = getattr(p, "url", None), getattr(p, "storage_options", None)
-        if isinstance(url, str) and options:
-            from conveyor.storage import protocol_of, unknown_options
-
-            for key, hint in unknown_options(protocol_of(url), options):
-                errs.add(f"{protocol_of(url)} has no option '{key}'{hint}",
-                         ("nodes", plan.name, "storage_options", key), key=True, node=plan.name,
-                         op=plan.op.name, param="storage_options")
-        if plan.op.name in ("map", "filter"):
-            for arg, message in check_args(p.fn, resolve_fn(p.fn), p.args):
-                errs.add(f"arg '{arg}': {message}", ("nodes", plan.name, "args", arg), node=plan.name,
-                         op=plan.op.name, param="args")
-        if plan.op.name == "map":
-            if not p.ordered and resumable:
-                errs.add("an unordered map cannot resume exactly (its output order depends on "
-                         "timing); set ordered: true, or declare 'resumable: false' for the graph",
-                         ("nodes", plan.name, "ordered"), node=plan.name, op="map", param="ordered")
-            if p.mp_context is not None and p.mp_context not in start_methods():
-                errs.add(f"expected one of {'|'.join(start_methods())} (the start methods of this "
-                         f"platform), got {p.mp_context!r}" + did_you_mean(p.mp_context, start_methods()),
-                         ("nodes", plan.name, "mp_context"),
-                         node=plan.name, op="map", param="mp_context")
-            if p.method.value == "process" and p.workers > 0:
-                try:
-                    pickle.dumps(resolve_fn(p.fn))
-                except Exception as exc:
-                    errs.add(f"method: process sends fn to worker processes, but {p.fn!r} cannot be "
-                             f"pickled ({type(exc).__name__}); define it at module level or use "
-                             "method: thread", ("nodes", plan.name, "fn"), node=plan.name, op="map",
-                             param="fn")
-        if plan.op.name in COLLATING_OPS and not _batched_before(plan.name, nodes, graph):
-            errs.add(f"{plan.op.name} stacks the samples of a batch, but nothing before it makes "
-                     f"batches: put a batch node above it, e.g. {{op: batch, size: 32}}",
-                     ("nodes", plan.name), key=True, node=plan.name, op=plan.op.name)
-        if plan.op.name == "pad_collate" and (p.pad_to_multiple_of or 1) > 1:
-            _budget_padding(plan, nodes, graph, errs)
-        if plan.op.name == "shuffle_buffer" and p.size > SHUFFLE_AFTER_HEAVY_LIMIT:
-            for up in _upstream(plan.name, graph):
-                up_plan = nodes.get(up)
-                if up_plan is None or up_plan.params is None or up_plan.op.name != "map":
-                    continue
-                if getattr(resolve_fn(up_plan.params.fn), "heavy_output", False):
-                    errs.add(f"a shuffle buffer of {p.size} items after '{up}' ({up_plan.params.fn}) holds "
-                             "decoded samples: memory grows with the buffer and a restore re-decodes a "
-                             "whole window; shuffle the small records before decoding (move this node "
-                             f"above '{up}')", ("nodes", plan.name, "size"), node=plan.name,
-                             op="shuffle_buffer", param="size")
-                    break

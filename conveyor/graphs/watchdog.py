@@ -92,12 +92,14 @@ class Watchdog:
 def graph_report(compiled: Any) -> Callable[[float], str]:
     """The ``report`` for a compiled graph: the chain of nodes from the output to its inputs."""
     plan, nodes = compiled.plan, compiled.nodes
+    copies = getattr(plan, "copies", None)
+    merged = copies.until if copies is not None and copies.count > 1 else None  # the copies merge there
 
     def one(name: str) -> str:
         counted = nodes[name]
         inner = counted.inner
         op = plan.nodes[name].op.name
-        kind = f"{op}, in worker copies up to here" if type(inner).__name__ == "WorkerCopies" else op
+        kind = f"{op}, in worker copies up to here" if name == merged else op
         text = f"'{name}' ({kind}, {counted.items} items)"
         waiting_on = getattr(inner, "waiting_on", None)
         said = waiting_on() if callable(waiting_on) else None

@@ -4,12 +4,18 @@ What a plug-in provides: a torchdata node (``Repeat``, which knows nothing of YA
 params dataclass whose fields are the op's params (types, defaults and ``doc`` are what the
 validator checks and ``conveyor ops repeat`` shows), a build function, and an ``OpSpec``
 that the package's ``conveyor.ops`` entry point names (see pyproject.toml).
+
+The ``OpSpec`` also declares what conveyor asks of any op (conveyor/graphs/opspec.py), so a
+plug-in op is first-class: its length rule (``len(loader)``: ``times`` items per input
+item), that ranks with equal counts keep them through it (``shard``'s ``equalize``), and its
+elastic rule (which of its input items were consumed, for a resume on another world size).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
@@ -74,6 +80,30 @@ def _build(p: RepeatParams, inputs: list[BaseNode], ctx: Any) -> BaseNode:
     return Repeat(inputs[0], times=p.times)
 
 
+def _length(p: RepeatParams, counts: list[int], where: Any, source: Callable[[], Any]) -> int:
+    """Items per epoch: ``times`` for each item of the input."""
+    return counts[0] * p.times
+
+
+def _elastic(p: RepeatParams, ctx: Any, cursor: Any) -> Any:
+    """What was consumed of the input, from what was consumed of the output (a cursor: a state,
+    ``more`` outputs after it, and outputs at offsets ``extra`` after those). An input item
+    counts as consumed once one of its copies was: the copies it had left are not yielded
+    after a resume on another world size."""
+    if cursor.state is None:
+        before, done = None, 0
+    else:
+        before, done = cursor.state[Repeat.SOURCE_KEY], cursor.state[Repeat.DONE_KEY]
+    start = done + cursor.more  # outputs taken in a row after `before` (the current item's copies first)
+    items = {(start + e) // p.times for e in cursor.extra}
+    prefix = -(-start // p.times)
+    while prefix in items:
+        prefix += 1
+    extra = tuple(sorted(i - prefix for i in items if i >= prefix))
+    return dataclasses.replace(cursor, state=before, more=prefix, extra=extra)
+
+
 REPEAT = OpSpec("repeat", RepeatParams, _build, "one", "yield each item `times` times in a row",
                 items_in="any items", items_out="the same items, each `times` times",
-                example="twice: {op: repeat, times: 2}")
+                example="twice: {op: repeat, times: 2}",
+                length=_length, keeps_count="always", per_record=True, elastic=_elastic)
