@@ -163,3 +163,20 @@ def test_a_plugin_ops_elastic_rule_resumes_on_another_world_size(repeat_op, tmp_
     assert set(new) == set(range(40)) - consumed  # an item one of whose copies was taken is consumed
     assert set(Counter(new).values()) == {2}  # every item left, in both its copies
     assert [len(r) for r in rest] == [24, 24, 24]
+
+
+def test_a_plugin_ops_safe_params_decide_what_a_strict_load_accepts(repeat_op, tmp_path):
+    from conveyor import StateError
+
+    spec = _repeat_spec(tmp_path)
+    with load_graph(spec) as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+    other = tmp_path / "other.yaml"
+    other.write_text(spec.read_text().replace("times: 2", "times: 3"))
+    with load_graph(other) as loader, pytest.raises(StateError, match="node 'twice' param 'times'"):
+        loader.load_state_dict(state)  # undeclared: taken as changing the data
+    registry.register(dataclasses.replace(repeat_op, safe_params=frozenset({"times"})), clobber=True)
+    with load_graph(other) as loader:
+        loader.load_state_dict(state)  # declared safe by the op itself: loads under strict=True
+        assert next(iter(loader)) is not None

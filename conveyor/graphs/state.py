@@ -12,7 +12,8 @@ and the graph's own state. ``rank_states`` decodes any of these.
 Paths under the spec's folder are kept as ``${spec_dir}/...``, so a checkout moved elsewhere has
 the same digest; a state from before that loads too (its paths are compared as they would be
 written now). A state whose spec differs from this one only in params that leave the data the
-same (``is_safe_param``: workers, prefetch depth, retries...) loads under ``strict=True``.
+same (each op's ``OpSpec.safe_params``: workers, prefetch depth, retries...) loads under
+``strict=True``.
 """
 
 from __future__ import annotations
@@ -33,12 +34,6 @@ log = logging.getLogger(__name__)
 
 STATE_FORMAT = 2  # {"format": 2, "rank<R>": JSON of the rank's state}
 RANK_FORMAT = 1    # the layout of one rank's state (a format-1 state is one of these, bare)
-# params whose change leaves the data exactly the same (only speed or memory differ)
-SAFE_PARAMS = frozenset({"workers", "method", "mp_context", "depth", "snapshot_every", "enabled",
-                         "concurrency", "attempts", "timeout", "backoff", "backoff_max", "cache",
-                         "cache_size", "block_size", "read_ahead",
-                         "device", "non_blocking"})
-
 # dcp.load({"data": loader}) gives each rank the entry of its own rank number only
 _DCP_HINT = (" (from a torch.distributed.checkpoint folder, conveyor.dcp_states(folder) reads every "
              "rank's: loader.load_state_dict(conveyor.dcp_states(folder)))")
@@ -46,8 +41,9 @@ _DCP_HINT = (" (from a torch.distributed.checkpoint folder, conveyor.dcp_states(
 
 def is_safe_param(op: OpSpec, param: str) -> bool:
     """Whether a change of ``op``'s param ``param`` leaves the data exactly the same (only speed
-    or memory differ), so that a state from before the change loads under ``strict=True``."""
-    return param in SAFE_PARAMS
+    or memory differ), so that a state from before the change loads under ``strict=True``: what the
+    op declares in its ``OpSpec.safe_params`` (nothing, for an op that declares none)."""
+    return param in op.safe_params
 
 
 # ----- the spec as states name it ---------------------------------------------------------
