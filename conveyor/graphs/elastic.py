@@ -28,9 +28,8 @@ from typing import Any, Callable
 from conveyor.errors import StateError
 from conveyor.graphs.ops import BuildContext, shard_slot
 from conveyor.graphs.validate import Plan
-from conveyor.nodes._elastic import Cursor, deal_end, encode_bits, remaining, slot_items
-from conveyor.nodes.copies import WorkerCopies
-from conveyor.nodes.shard import Shard, count_items
+from conveyor.nodes import (Cursor, Shard, WorkerCopies, count_items, deal_end, encode_bits, remaining,
+                            slot_items)
 
 log = logging.getLogger(__name__)
 

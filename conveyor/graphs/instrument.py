@@ -48,10 +48,7 @@ from typing import Any, Callable, Iterable, Mapping
 import torch.autograd.profiler as _profiler
 from torchdata.nodes import BaseNode
 
-from conveyor.nodes._chunks import pull
-from conveyor.nodes.copies import WorkerCopies
-from conveyor.nodes.map import Map
-from conveyor.nodes.prefetch import Prefetch
+from conveyor.nodes import Map, Prefetch, WorkerCopies, pull
 
 _clock = time.perf_counter
 _QUEUE_EVERY = 4  # a buffered node samples its queue on every 4th timed call

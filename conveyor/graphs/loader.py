@@ -40,8 +40,7 @@ from conveyor.graphs.instrument import node_perf
 from conveyor.graphs.listings import ListingCheck, listings_to_check
 from conveyor.graphs.length import UnknownLength, epoch_length
 from conveyor.graphs.watchdog import DEFAULT_AFTER, Watchdog, graph_progress, graph_report
-from conveyor.nodes._skips import LEDGER_KEY, gather, ledgers
-from conveyor.nodes._threads import join_threads
+from conveyor.nodes import LEDGER_KEY, gather, join_threads, ledgers
 
 log = logging.getLogger(__name__)
 
@@ -743,7 +742,7 @@ class Loader:
         return node_perf(counted, inputs, raws, elapsed)
 
     def _copies(self) -> Any:
-        from conveyor.nodes.copies import WorkerCopies
+        from conveyor.nodes import WorkerCopies
 
         for counted in self._c.nodes.values():
             if isinstance(counted.inner, WorkerCopies):

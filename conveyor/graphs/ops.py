@@ -15,20 +15,8 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from conveyor.graphs.registry import Fn, OpSpec, param, resolve_fn
-from conveyor.nodes._configured import PerWorker
-from conveyor.nodes._elastic import Cursor
-from conveyor.nodes.batch import Batch
-from conveyor.nodes.collate import Collate
-from conveyor.nodes.filter import Filter
-from conveyor.nodes.list_files import ListFiles, suffixes
-from conveyor.nodes.map import Map
-from conveyor.nodes.map_batches import MapBatches, wants_rng
-from conveyor.nodes.mix import Mix, weights_problem
-from conveyor.nodes.pin_memory import PinMemory
-from conveyor.nodes.prefetch import Prefetch
-from conveyor.nodes.shard import Shard
-from conveyor.nodes.shuffle_buffer import ShuffleBuffer
-from conveyor.nodes.to_device import ToDevice
+from conveyor.nodes import (Batch, Collate, Cursor, Filter, ListFiles, Map, MapBatches, Mix, PerWorker, PinMemory,
+                            Prefetch, Shard, ShuffleBuffer, ToDevice, suffixes, wants_rng, weights_problem)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError, StateError
-from conveyor.nodes._chunks import take
+from conveyor.nodes.capabilities import take
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 
@@ -495,7 +495,7 @@ class BucketBatch(BaseNode[list]):
         max_pending, snap_every = self.max_pending, self._snap_every
         while True:
             pending, pi = self._pending, self._pi
-            if pi >= len(pending):  # read the next chunk (nodes/_chunks.py)
+            if pi >= len(pending):  # read the next chunk (nodes/capabilities.py)
                 snap = self._chunk_snap = _Snap(self._pos, source.state_dict(), list(self._read))
                 if snap.pos - self._snaps[-1].pos >= snap_every:
                     self._snaps.append(snap)

@@ -385,7 +385,7 @@ class ReadJsonl(BaseNode[dict]):
         return self.next_many(1)[0]
 
     def next_many(self, n: int) -> list[dict]:
-        """Up to ``n`` records, from one block of lines at most (nodes/_chunks.py)."""
+        """Up to ``n`` records, from one block of lines at most (nodes/capabilities.py)."""
         while True:
             out = self._from_block(n)
             if out:
