@@ -266,6 +266,7 @@ def breakdown(spec: Path, root: str, epochs: int, rounds: int) -> str:
 _GROUPS = [  # (file name part, group): where a function's self time is charged
     ("instrument.py", "instrumentation (Counted)"),
     ("read_jsonl.py", "read_jsonl (+ json/orjson, fsspec)"), ("json/", "read_jsonl (+ json/orjson, fsspec)"),
+    ("_line_files.py", "read_jsonl (+ json/orjson, fsspec)"),
     ("fsspec", "read_jsonl (+ json/orjson, fsspec)"),
     ("shuffle_buffer.py", "shuffle_buffer (+ random)"), ("random.py", "shuffle_buffer (+ random)"),
     ("text.py", "tokenizer fn (conveyor.text)"),

@@ -36,10 +36,8 @@ import torch
 from torch.utils.data import default_collate
 from torchdata.nodes import BaseNode
 
-from conveyor.nodes._padding import DTYPES, SIDES, check_dtype, pad_field
+from conveyor.nodes._padding import DTYPES, SIDES, check_dtype, pad_field  # noqa: F401 - DTYPES: its names
 from conveyor.nodes.collate import _named, check_fields, same_fields
-
-__all__ = ["DTYPES", "SIDES", "PadCollate", "check_dtype", "pad_collate", "pad_field"]
 
 
 def _is_seq(value: Any) -> bool:
