@@ -88,7 +88,7 @@ import _common as C  # noqa: E402
 from conveyor import load_graph  # noqa: E402
 from conveyor.image import train_transform  # noqa: E402
 from conveyor.nodes._rng import derive_seed  # noqa: E402  (the seeds conveyor's map uses)
-from conveyor.nodes._threads import shutdown_torchdata  # noqa: E402
+from conveyor.nodes._workers.torchdata_threads import shutdown_torchdata  # noqa: E402
 
 DEFAULT_SPEC = REPO / "specs/imagenet.yaml"
 DEFAULT_ROOT = REPO / "examples/data/imagenet-sample/train"

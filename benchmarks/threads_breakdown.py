@@ -2,7 +2,7 @@
 
 The spec as shipped (2 decode threads) over generated ImageNet-sized JPEGs (the targets
 benchmark's ``write_imagenet_sized``), alternating with one thread running the same kernel
-with no loader. The map's worker loop (``conveyor.nodes._pool._run``) and the prefetch
+with no loader. The map's worker loop (``conveyor.nodes._workers.ordered_threads._run``) and the prefetch
 thread (``conveyor.nodes.prefetch._run``) are wrapped to count, per image:
 
 * ``fn CPU`` / ``fn wait``: thread CPU inside the map fn (and its minor page faults, with
@@ -47,7 +47,7 @@ if str(HERE) not in sys.path:
 import _common as C  # noqa: E402
 import imagenet_throughput as B  # noqa: E402
 
-import conveyor.nodes._pool as pool  # noqa: E402
+import conveyor.nodes._workers.ordered_threads as pool  # noqa: E402
 import conveyor.nodes.collate as collate  # noqa: E402
 import conveyor.nodes.prefetch as prefetch  # noqa: E402
 from conveyor import load_graph  # noqa: E402
@@ -65,7 +65,7 @@ def _add(local: dict[str, float]) -> None:
 
 
 def worker(jobs, call, shared) -> None:
-    """``_pool._run`` with clocks around each step."""
+    """``ordered_threads._run`` with clocks around each step."""
     clk, cpu = time.perf_counter, time.thread_time
     mine: dict[str, float] = collections.defaultdict(float)
     cond = shared.cond

@@ -389,11 +389,7 @@ def find_bottleneck(rows: dict[str, dict[str, Any]], wall: float, *, trainer_bus
 
 def buffers_of(loader: Loader, sizes: SizeSampler) -> list[dict[str, Any]]:
     """Items each buffering node can hold, times its measured item size."""
-    from conveyor.nodes.batch import Batch
-    from conveyor.nodes.copies import WorkerCopies
-    from conveyor.nodes.map import Map
-    from conveyor.nodes.prefetch import Prefetch
-    from conveyor.nodes.shuffle_buffer import ShuffleBuffer
+    from conveyor.nodes import Batch, Map, Prefetch, ShuffleBuffer, WorkerCopies
 
     counted = counted_nodes(loader)
     plan = loader._c.plan

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.errors import ConveyorError, SourceError
-from conveyor.nodes.list_files import below, number_classes, suffixes, with_suffix
+from conveyor.nodes import below, number_classes, suffixes, with_suffix
 from conveyor.shrink import DEFAULT_QUALITY, shrink
 from conveyor.storage import RetryPolicy, Storage, is_folder_marker, is_local, parse_size, redact
 

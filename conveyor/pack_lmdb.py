@@ -51,7 +51,7 @@ def pack_lmdb(src: str, dst: str, *, concurrency: int = 16, overwrite: bool = Fa
     Raises:
         ConveyorError: ``dst`` is not local, exists (without ``overwrite``), or ``src`` has no image.
     """
-    from conveyor.nodes._lmdb import lmdb_module
+    from conveyor.nodes import lmdb_module
 
     lmdb = lmdb_module()
     if not is_local(dst):

@@ -1,4 +1,4 @@
-"""Items in lists between nodes (conveyor/nodes/_chunks.py) and prefetch's lists.
+"""Items in lists between nodes (conveyor/nodes/capabilities.py) and prefetch's lists.
 
 ``next_many(n)`` must give exactly the items ``n`` calls of ``next()`` would, leave the same
 state behind, and never lose or repeat an item at a list's edge; the instrumentation counts
@@ -19,7 +19,7 @@ import pytest
 from torchdata.nodes import BaseNode, IterableWrapper
 
 from conveyor.graphs.instrument import Counted
-from conveyor.nodes._chunks import take, take_exactly
+from conveyor.nodes.capabilities import take, take_exactly
 from conveyor.nodes.list_files import ListFiles
 from conveyor.nodes.map_batches import MapBatches
 from conveyor.nodes.prefetch import Prefetch

@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from conveyor.nodes._handoff import ALIGN, pack, unpack
+from conveyor.nodes._workers.chunk_packing import ALIGN, pack, unpack
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128,
           torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool]
@@ -73,7 +73,7 @@ def test_a_chunk_without_tensors_has_an_empty_buffer():
 
 
 def test_big_tensors_go_through_shared_memory_when_asked():
-    from conveyor.nodes._handoff import SHARE_MIN_BYTES
+    from conveyor.nodes._workers.chunk_packing import SHARE_MIN_BYTES
 
     big = torch.arange(SHARE_MIN_BYTES // 8, dtype=torch.int64)
     small = torch.arange(5)
@@ -87,7 +87,7 @@ def test_big_tensors_go_through_shared_memory_when_asked():
 
 
 def test_when_shared_memory_fails_big_tensors_go_by_value_and_it_is_said_once(monkeypatch, caplog):
-    import conveyor.nodes._handoff as handoff
+    import conveyor.nodes._workers.chunk_packing as handoff
 
     class NoRoom(handoff._Pickler):
         def dump(self, obj):
@@ -96,7 +96,7 @@ def test_when_shared_memory_fails_big_tensors_go_by_value_and_it_is_said_once(mo
     monkeypatch.setattr(handoff, "_sharing_pickler", lambda: NoRoom)
     big = torch.ones(handoff.SHARE_MIN_BYTES // 4)
     packer = handoff.Packer()
-    with caplog.at_level("WARNING", logger="conveyor.nodes._handoff"):
+    with caplog.at_level("WARNING", logger="conveyor.nodes._workers.chunk_packing"):
         first = unpack(pickle.loads(pickle.dumps(packer([big]), protocol=5)))
         second = unpack(pickle.loads(pickle.dumps(packer([big * 2]), protocol=5)))
     assert torch.equal(first[0], big) and torch.equal(second[0], big * 2)  # by value: nothing lost
@@ -108,8 +108,8 @@ def test_when_shared_memory_fails_big_tensors_go_by_value_and_it_is_said_once(mo
 def test_when_a_lent_slot_cannot_be_made_big_tensors_go_by_value(monkeypatch, caplog):
     import multiprocessing as mp
 
-    import conveyor.nodes._handoff as handoff
-    from conveyor.nodes._lent import Lender
+    import conveyor.nodes._workers.chunk_packing as handoff
+    from conveyor.nodes._workers.shared_slots import Lender
 
     def no_room(self):
         raise RuntimeError("unable to write to file </torch_1_2>: No space left on device (28)")
@@ -117,7 +117,7 @@ def test_when_a_lent_slot_cannot_be_made_big_tensors_go_by_value(monkeypatch, ca
     monkeypatch.setattr(torch.Tensor, "share_memory_", no_room)  # the slot's segment cannot be made
     big = torch.ones(handoff.SHARE_MIN_BYTES // 4)
     packer = handoff.Packer(lender=Lender(mp.get_context("spawn").Array("b", 4)))
-    with caplog.at_level("WARNING", logger="conveyor.nodes._handoff"):
+    with caplog.at_level("WARNING", logger="conveyor.nodes._workers.chunk_packing"):
         back = unpack(pickle.loads(pickle.dumps(packer([big, big * 2]), protocol=5)))
     assert torch.equal(back[0], big) and torch.equal(back[1], big * 2)  # by value: nothing lost
     assert packer.share is False and "--shm-size" in caplog.records[0].getMessage()

@@ -1,5 +1,5 @@
 """Big tensors from worker processes travel in shared-memory slots the workers reuse
-(``conveyor/nodes/_lent.py``): a slot is written again only once the main process holds no
+(``conveyor/nodes/_workers/shared_slots.py``): a slot is written again only once the main process holds no
 view of it, so a batch the trainer keeps never changes under it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conveyor.nodes._lent import MAX_SLOTS, available
+from conveyor.nodes._workers.shared_slots import MAX_SLOTS, available
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch cannot tell a storage's use count")
 
@@ -99,7 +99,7 @@ def test_slots_are_added_in_doublings_within_the_byte_budget(monkeypatch) -> Non
 
     import torch
 
-    import conveyor.nodes._lent as lent
+    import conveyor.nodes._workers.shared_slots as lent
 
     big = torch.ones(1 << 18)  # 1 MiB
     lender = lent.Lender(mp.get_context("spawn").Array("b", MAX_SLOTS))
@@ -125,7 +125,7 @@ def test_slots_leave_half_of_dev_shm_free(monkeypatch) -> None:
 
     import torch
 
-    import conveyor.nodes._lent as lent
+    import conveyor.nodes._workers.shared_slots as lent
 
     size, block = 64 << 20, 4096
     lender = lent.Lender(mp.get_context("spawn").Array("b", MAX_SLOTS), first=8)

@@ -17,7 +17,7 @@ from conveyor import load_graph
 from conveyor.graphs.api import check_spec
 from conveyor.graphs.compile import slabbed_maps
 from conveyor.image import eval_transform, train_transform
-from conveyor.nodes._slabs import SLAB_MARK
+from conveyor.nodes._workers.batch_slabs import SLAB_MARK
 from conveyor.nodes.batch import Batch
 from conveyor.nodes.collate import Collate
 from conveyor.nodes.map import Map

@@ -19,8 +19,7 @@ from conveyor.errors import ConveyorError
 from conveyor.graphs.instrument import Counted  # re-exported: compile.Counted
 from conveyor.graphs.ops import BuildContext
 from conveyor.graphs.validate import Plan
-from conveyor.nodes.copies import WorkerCopies
-from conveyor.nodes.shard import dist_rank_world
+from conveyor.nodes import WorkerCopies, dist_rank_world
 
 SECRET_PARAMS = ("storage_options",)  # never in states, digests or `show` output
 

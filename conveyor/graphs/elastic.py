@@ -31,9 +31,7 @@ from conveyor.errors import ConveyorError, StateError
 from conveyor.graphs.ops import BuildContext
 from conveyor.graphs.registry import get_op, op_names
 from conveyor.graphs.validate import Plan
-from conveyor.nodes._elastic import Cursor, deal_end, encode_bits, remaining, slot_items
-from conveyor.nodes.copies import WorkerCopies
-from conveyor.nodes.shard import count_items
+from conveyor.nodes import Cursor, WorkerCopies, count_items, deal_end, encode_bits, remaining, slot_items
 
 if TYPE_CHECKING:
     from conveyor.graphs.state import States

@@ -47,7 +47,7 @@ import torch.autograd.profiler as _profiler
 from torchdata.nodes import BaseNode
 
 from conveyor.graphs.probes import Work, queue_probe, time_map_fn
-from conveyor.nodes._chunks import pull
+from conveyor.nodes import pull
 
 _clock = time.perf_counter
 _QUEUE_EVERY = 4  # a buffered node samples its queue on every 4th timed call

@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from conveyor.errors import ConveyorError
-from conveyor.nodes.list_files import ListFiles
+from conveyor.nodes import ListFiles
 
 log = logging.getLogger(__name__)
 

@@ -20,16 +20,8 @@ from torchdata.nodes import BaseNode
 from conveyor.graphs.fn_args import heavy_output
 from conveyor.graphs.opspec import Deal, Problem, SpecGraph, Where, listed_count, same_count
 from conveyor.graphs.registry import OpSpec, param, resolve_fn
-from conveyor.nodes._elastic import Cursor
-from conveyor.nodes.batch import Batch
-from conveyor.nodes.collate import Collate
-from conveyor.nodes.list_files import ListFiles, suffixes
-from conveyor.nodes.mix import Mix, weights_problem
-from conveyor.nodes.pin_memory import PinMemory
-from conveyor.nodes.prefetch import Prefetch
-from conveyor.nodes.shard import Shard
-from conveyor.nodes.shuffle_buffer import ShuffleBuffer
-from conveyor.nodes.to_device import ToDevice
+from conveyor.nodes import (Batch, Collate, Cursor, ListFiles, Mix, PinMemory, Prefetch, Shard,
+                            ShuffleBuffer, ToDevice, suffixes, weights_problem)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,7 @@ from conveyor.graphs.fn_check import at_param, bind_problems
 from conveyor.graphs.opspec import listed_count
 from conveyor.graphs.ops import BuildContext
 from conveyor.graphs.registry import OpSpec, param, resolve_attr
-from conveyor.nodes.dataset import DatasetSampler, bad_weight
-from conveyor.nodes.iterable import IterableSource
+from conveyor.nodes import DatasetSampler, IterableSource, bad_weight
 
 
 class Sampler(str, enum.Enum):

@@ -20,11 +20,7 @@ from conveyor.graphs.opspec import Problem, SpecGraph, count_unless_skipping
 from conveyor.graphs.ops import BuildContext, Method, OnError
 from conveyor.graphs.params import did_you_mean
 from conveyor.graphs.registry import Fn, OpSpec, param, resolve_fn
-from conveyor.nodes._configured import PerWorker
-from conveyor.nodes._elastic import Cursor
-from conveyor.nodes.filter import Filter
-from conveyor.nodes.map import Map
-from conveyor.nodes.map_batches import MapBatches, wants_rng
+from conveyor.nodes import Cursor, Filter, Map, MapBatches, PerWorker, wants_rng
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ from torchdata.nodes import BaseNode
 from conveyor.graphs.opspec import count_unless_skipping
 from conveyor.graphs.ops import BuildContext, OnError, elastic_through
 from conveyor.graphs.registry import OpSpec, param
-from conveyor.nodes.fetch import Fetch
-from conveyor.nodes.read_tar import ReadTar
+from conveyor.nodes import Fetch, ReadTar
 from conveyor.storage import RetryPolicy, parse_size
 
 

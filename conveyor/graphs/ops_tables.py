@@ -33,7 +33,7 @@ class ReadParquetParams:
 
 
 def _build_read_parquet(p: ReadParquetParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
-    from conveyor.nodes.read_parquet import ReadParquet
+    from conveyor.nodes import ReadParquet
 
     return ReadParquet(inputs[0], columns=p.columns, batch_rows=p.batch_rows, on_error=p.on_error.value,
                        storage_options=p.storage_options, where=ctx.where)
@@ -60,7 +60,7 @@ class ListLmdbParams:
 
 
 def _build_list_lmdb(p: ListLmdbParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
-    from conveyor.nodes.list_lmdb import ListLmdb
+    from conveyor.nodes import ListLmdb
 
     return ListLmdb(path=p.path, prefix=p.prefix, start=p.start, stop=p.stop,
                     label=p.label.value if p.label else None, shuffle=p.shuffle, seed=ctx.seed_for(p.seed))
@@ -86,7 +86,7 @@ def _check_read_lmdb(p: ReadLmdbParams, n_inputs: int) -> list[tuple[str, str]]:
 
 
 def _build_read_lmdb(p: ReadLmdbParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
-    from conveyor.nodes.read_lmdb import ReadLmdb
+    from conveyor.nodes import ReadLmdb
 
     return ReadLmdb(inputs[0], out=p.out, on_error=p.on_error.value)
 

@@ -14,9 +14,7 @@ from torchdata.nodes import BaseNode
 from conveyor.graphs.opspec import Problem, SpecGraph, same_count
 from conveyor.graphs.ops import BuildContext, OnError, elastic_through
 from conveyor.graphs.registry import Fn, OpSpec, param, resolve_fn
-from conveyor.nodes.bucket_batch import DEFAULT_POOL, BucketBatch
-from conveyor.nodes.pad_collate import PadCollate, check_dtype
-from conveyor.nodes.read_jsonl import ReadJsonl, encoding_problem
+from conveyor.nodes import DEFAULT_POOL, BucketBatch, PadCollate, ReadJsonl, check_dtype, encoding_problem
 
 
 class LineFormat(str, enum.Enum):

@@ -14,9 +14,7 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
-from conveyor.nodes.copies import WorkerCopies
-from conveyor.nodes.map import Map
-from conveyor.nodes.prefetch import Prefetch
+from conveyor.nodes import Map, Prefetch, WorkerCopies
 
 _clock = time.perf_counter
 
@@ -73,11 +71,8 @@ def queue_probe(inner: BaseNode) -> tuple[Callable[[], int], int] | None:
     try:
         if isinstance(inner, Prefetch):
             return inner.ready, int(inner.depth)
-        if isinstance(inner, Map) and inner._pool is not None:
-            return inner._pool.ready, int(inner._pool.window)
-        if isinstance(inner, Map) and inner._pm is not None:
-            it = inner._pm._it._it
-            return it._out_q.qsize, int(it._max_tasks)
+        if isinstance(inner, Map):
+            return inner.probe()
         if isinstance(inner, WorkerCopies):
             return inner.ready, int(inner.chunk) * inner.copies
     except (AttributeError, NotImplementedError, OSError, TypeError):

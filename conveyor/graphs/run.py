@@ -20,7 +20,7 @@ from conveyor.graphs.distributed import Ranks
 from conveyor.graphs.length import epoch_length
 from conveyor.graphs.state import States
 from conveyor.graphs.watchdog import DEFAULT_AFTER, Watchdog, graph_progress, graph_report
-from conveyor.nodes._threads import join_threads
+from conveyor.nodes import join_threads
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class GraphRun:
 
     def copies(self) -> Any:
         """The graph's ``WorkerCopies`` node, or None."""
-        from conveyor.nodes.copies import WorkerCopies
+        from conveyor.nodes import WorkerCopies
 
         for counted in self.compiled.nodes.values():
             if isinstance(counted.inner, WorkerCopies):

@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from torchdata.nodes import BaseNode
 
-from conveyor.nodes._skips import LEDGER_KEY, gather, ledgers
-from conveyor.nodes.copies import WorkerCopies
-from conveyor.nodes.map import Map
+from conveyor.nodes import LEDGER_KEY, Map, WorkerCopies, gather, ledgers
 
 if TYPE_CHECKING:
     from conveyor.graphs.epochs import Epochs

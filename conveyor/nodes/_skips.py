@@ -6,7 +6,9 @@ sample its identity (``sample_id``: a path, a shard and key, a file and line, an
 error's type and message, and how many times it was skipped (once per epoch it is met); the
 first ``LEDGER_LIMIT`` distinct samples in full, the rest counted. The ledger is part of the
 node's state, so it survives a resume and travels back from worker copies inside theirs;
-``Loader.skipped()`` gathers the ledgers of the whole graph (``gather``).
+``Loader.skipped()`` gathers the ledgers of the whole graph (``gather``). ``OnError`` is the
+rule for the failures a map's ``fn`` raised: raised with a note naming the node, or counted,
+named in the ledger and logged.
 """
 
 from __future__ import annotations
@@ -93,6 +95,35 @@ class SkipLedger:
                 self.node = state["node"]
             self.count = 0 if state is None else int(state["count"])
             self.entries = {} if state is None else {e[0]: list(e) for e in state["entries"]}
+
+
+class OnError:
+    """A node's ``on_error`` for the failures its ``fn`` raised (``map_calls.Failed``): raise
+    the exception with a note naming the node, or count the skip, name the sample in the ledger
+    and log it (the first few). A failure marked ``never_skip`` (a ``SourceError``) is raised
+    even with ``"skip"``.
+
+    Args:
+        on_error: ``"raise"`` or ``"skip"``.
+        where: the node, for the note and the log.
+        log: the logger that reports skips (the node's module's).
+    """
+
+    def __init__(self, on_error: str, where: str, log: logging.Logger):
+        self.on_error = on_error
+        self.where = where
+        self.log = log
+        self.skipped = 0  # this epoch (restored from a state)
+        self.ledger = SkipLedger()
+
+    def fail(self, failed: Any) -> None:
+        if self.on_error == "raise" or failed.never_skip:
+            exc = failed.error()
+            exc.add_note(f"in {self.where}")
+            raise exc
+        self.skipped += 1
+        self.ledger.add(failed.sample, failed.kind, failed.message)
+        log_skip(self.log, self.skipped, f"{self.where}: skipped an item ({failed.text})")
 
 
 def ledgers(state: Any, only: set[str] | None = None) -> Iterator[dict]:

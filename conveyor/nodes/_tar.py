@@ -96,8 +96,9 @@ _COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz")
                (b"\x28\xb5\x2f\xfd", "zstd"))
 
 
-class Shard:
-    """One open shard: members grouped into samples, one header read ahead.
+class OpenTar:
+    """One open tar shard (a file, not the ``shard`` node): members grouped into samples, one
+    header read ahead.
 
     Args:
         reader: a block reader positioned at ``offset``.

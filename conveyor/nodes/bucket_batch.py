@@ -60,85 +60,22 @@ per-item work, such as tokenizing, for them).
 from __future__ import annotations
 
 import logging
-import math
-import operator
-import random
 from bisect import bisect_left
-from operator import itemgetter
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError, StateError
-from conveyor.nodes._chunks import take
+from conveyor.nodes._buckets import (ALL, DEFAULT_POOL, EMPTY, NONE, OVERFLOW, Batch, Pools,  # noqa: F401
+                                     auto_boundaries, check_args, cut_sorted, item_length, item_where,
+                                     pool_items, truncated)
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
+from conveyor.nodes.capabilities import take
 
 log = logging.getLogger(__name__)
-
-OVERFLOW = ("raise", "skip", "truncate", "own_bucket")
-EMPTY = ("raise", "skip")
-DEFAULT_POOL = 8
-NONE, ALL = -1, -2  # state "emitting": no pool, or the end-of-epoch flush of every pool
-_INF = float("inf")
 _CHUNK = 256  # input items read at once (the input's state is kept at chunk starts)
-
-
-def _where(item: Any) -> str:
-    if isinstance(item, dict):
-        if "file" in item and "line" in item:
-            return f"{item['file']}:{item['line']}"
-        if "file" in item and "row" in item:  # read_parquet's provenance
-            return f"{item['file']} row {item['row']}"
-        if "index" in item:
-            return f"item {item['index']}"
-    return "an item"
-
-
-def _seq_len(value: Any) -> int | None:
-    """The first-dim length of a sequence field (tensor, numpy array, list), else None."""
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        return value.shape[0] if value.ndim else None
-    return len(value) if isinstance(value, (list, tuple)) else None
-
-
-def _truncated(item: dict, field: str, n: int, keep: int) -> dict:
-    """A copy of ``item`` with ``field`` (``n`` long) cut to ``keep``, and with it every other
-    sequence field as long (labels, attention_mask, token_type_ids: the same positions)."""
-    out = dict(item)
-    for key, value in item.items():
-        if key == field or (type(value) is not str and _seq_len(value) == n):
-            out[key] = value[:keep]
-    return out
-
-
-def auto_boundaries(lengths: Sequence[int], buckets: int, multiple: int | None = None) -> list[int]:
-    """Upper bounds at the ``1/buckets, 2/buckets, ..., 1`` quantiles of ``lengths``.
-
-    Rounded up to ``multiple``, without duplicates; the last is the largest length.
-
-    Example:
-        >>> auto_boundaries([1, 2, 3, 4, 5, 6, 7, 8], 4)
-        [2, 4, 6, 8]
-    """
-    s = sorted(max(int(n), 1) for n in lengths) or [1]
-    out: list[int] = []
-    for i in range(1, buckets + 1):
-        q = s[max(math.ceil(i * len(s) / buckets) - 1, 0)]
-        if multiple:
-            q = -(-q // multiple) * multiple
-        if not out or q > out[-1]:
-            out.append(q)
-    return out
-
-
-class _Batch:
-    __slots__ = ("bucket", "items", "longest", "real")
-
-    def __init__(self, bucket: int, items: list, longest: int, real: int):
-        self.bucket, self.items, self.longest, self.real = bucket, items, longest, real
 
 
 class _Snap:
@@ -199,40 +136,9 @@ class BucketBatch(BaseNode[list]):
                  max_pending: int | None = None, seed: int = 0, rank: int = 0, where: str | None = None):
         super().__init__()
         auto = boundaries == "auto"
-        if not auto:
-            if (isinstance(boundaries, str) or not boundaries
-                    or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in boundaries)
-                    or any(a >= b for a, b in zip(boundaries, boundaries[1:]))):
-                raise ValueError(f"{boundaries=} must be 'auto' or a non-empty list of increasing positive ints")
-        overflow = overflow or ("own_bucket" if auto else "raise")
-        if overflow not in OVERFLOW:
-            raise ValueError(f"{overflow=} must be one of {OVERFLOW}")
-        if empty not in EMPTY:
-            raise ValueError(f"{empty=} must be one of {EMPTY}")
-        if (batch_sizes is None) == (max_tokens is None):
-            raise ValueError(f"give exactly one of batch_sizes and max_tokens ({batch_sizes=}, {max_tokens=})")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens <= 0):
-            raise ValueError(f"{max_tokens=} must be a positive int")
-        if batch_sizes is not None:
-            if auto:
-                raise ValueError("boundaries='auto' needs max_tokens (the number of buckets is not known "
-                                 f"in advance), got {batch_sizes=}")
-            want = len(boundaries) + (overflow == "own_bucket")
-            if len(batch_sizes) != want or not all(isinstance(s, int) and s > 0 for s in batch_sizes):
-                raise ValueError(f"{batch_sizes=} must be {want} positive ints (one per bucket"
-                                 + (", the last for the overflow bucket)" if overflow == "own_bucket" else ")"))
-        for name, value in (("pool", pool), ("auto_buckets", auto_buckets), ("auto_sample", auto_sample)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
-        if pad_to_multiple_of is not None and (not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of <= 0):
-            raise ValueError(f"{pad_to_multiple_of=} must be a positive int or None")
-        if max_pending is not None and (not isinstance(max_pending, int) or max_pending <= 0):
-            raise ValueError(f"{max_pending=} must be a positive int or None")
-        if overflow == "truncate" and not isinstance(length, str):
-            raise ValueError("overflow='truncate' needs length to be a field name (a length fn gives "
-                             "nothing to cut); truncate in the tokenizer (max_length) instead")
-        if not isinstance(length, str) and not callable(length):
-            raise ValueError(f"{length=} must be a field name or a callable")
+        overflow = check_args(length=length, boundaries=boundaries, batch_sizes=batch_sizes, max_tokens=max_tokens,
+                              pad_to_multiple_of=pad_to_multiple_of, pool=pool, overflow=overflow, empty=empty,
+                              auto_buckets=auto_buckets, auto_sample=auto_sample, max_pending=max_pending)
         self.source = source
         self.length = length
         self.auto = auto
@@ -262,7 +168,9 @@ class BucketBatch(BaseNode[list]):
     def _set_boundaries(self, bounds: list[int]) -> None:
         self.boundaries = list(bounds)
         self.n_buckets = len(bounds) + (self.overflow == "own_bucket")
-        self.max_pending = self._max_pending_arg or max(4 * sum(self._pool_items(b) for b in range(self.n_buckets)), 64)
+        items = sum(pool_items(b, self.pool, self.batch_sizes, self.max_tokens, self.boundaries)
+                    for b in range(self.n_buckets))
+        self.max_pending = self._max_pending_arg or max(4 * items, 64)
         self._snap_every = max(self.max_pending // 8, 1)
         self._n_bounds = len(bounds)
         self._by_tokens = self.batch_sizes is None
@@ -271,13 +179,6 @@ class BucketBatch(BaseNode[list]):
             self._capacity = [self.pool * s for s in self.batch_sizes]
         else:
             self._capacity = [self.pool * self.max_tokens] * self.n_buckets  # type: ignore[operator]
-
-    def _pool_items(self, b: int) -> int:
-        if self.batch_sizes is not None:
-            return self.pool * self.batch_sizes[b]
-        lo = self.boundaries[b - 1] if b else 0  # type: ignore[index]
-        hi = self.boundaries[b] if b < len(self.boundaries) else 2 * max(lo, 1)  # type: ignore[index, arg-type]
-        return max(math.ceil(self.pool * self.max_tokens / max((lo + hi) / 2, 1)), self.pool)  # type: ignore[operator]
 
     def _zero_stats(self) -> dict[str, Any]:
         n = getattr(self, "n_buckets", 0)
@@ -300,30 +201,12 @@ class BucketBatch(BaseNode[list]):
         m = self.multiple
         return -(-n // m) * m if m else n
 
-    def _len(self, item: Any) -> int:
-        try:
-            if callable(self.length):
-                n = self.length(item)
-            else:
-                v = item[self.length]
-                n = v.shape[0] if isinstance(v, torch.Tensor) else len(v)  # Tensor.__len__ is slow
-        except (KeyError, TypeError, IndexError) as exc:
-            raise SampleError(f"{self.where}: cannot take the length of {_where(item)} "
-                              f"({type(exc).__name__}: {exc})") from exc
-        try:
-            n = operator.index(n)  # ints, numpy ints, integer 0-d tensors
-        except TypeError:
-            n = -1
-        if n < 0:
-            raise SampleError(f"{self.where}: the length of {_where(item)} must be an int >= 0")
-        return n
-
     def _choose_boundaries(self) -> None:
         self.source.reset()
         lengths = []
         for _ in range(self.auto_sample):
             try:
-                lengths.append(self._len(next(self.source)))
+                lengths.append(item_length(next(self.source), self.length, self.where))
             except StopIteration:
                 break
         bounds = auto_boundaries(lengths, self.auto_buckets, self.multiple)
@@ -332,19 +215,8 @@ class BucketBatch(BaseNode[list]):
 
     # ----- reset and state ----------------------------------------------------------------
     def _clear(self) -> None:
-        nb = self.n_buckets
         self._pos = 0
-        self._pools: list[list[tuple[int, int, Any]]] = [[] for _ in range(nb)]
-        self._pool_tokens = [0] * nb
-        self._read = [0] * nb
-        self._done = [0] * nb
-        self._oldest: float = _INF
-        self._out: list[_Batch | None] = []
-        self._out_pos = 0
-        self._emitting = NONE
-        self._emit_first: float = _INF
-        self._emit_counts: dict[int, int] = {}
-        self._pools_cut = 0
+        self._p = Pools(self.n_buckets)
         self._exhausted = False
         self._replaying = False
         self._pending: list = []  # a chunk read from the input, added from index _pi on
@@ -369,8 +241,9 @@ class BucketBatch(BaseNode[list]):
         self._stats = {k: (list(v) if isinstance(v, list) else v) for k, v in stats.items()}
         self.ledger.load(initial_state.get(LEDGER_KEY))  # as saved: the replay does not add to it
         self._snaps = [_Snap(0, src, [0] * self.n_buckets)]
-        self._done = list(initial_state[self.DONE_KEY])
-        self._pools_cut = initial_state[self.POOLS_KEY]
+        p = self._p
+        p.done = list(initial_state[self.DONE_KEY])
+        p.cut_count = initial_state[self.POOLS_KEY]
         emitting = initial_state[self.EMITTING_KEY]
         self._replaying = True  # counted before the save: not counted again
         try:
@@ -378,10 +251,10 @@ class BucketBatch(BaseNode[list]):
                 self._add(next(self.source))
             if emitting != NONE:
                 self._exhausted = emitting == ALL
-                self._cut(emitting, self._pools_cut - 1)
-                self._out_pos = initial_state[self.OUT_POS_KEY]
-                for i in range(self._out_pos):
-                    self._out[i] = None
+                self._cut(emitting, p.cut_count - 1)
+                p.out_pos = initial_state[self.OUT_POS_KEY]
+                for i in range(p.out_pos):
+                    p.out[i] = None
         except StopIteration:
             raise StateError(f"{self.where}: the input ended while replaying {initial_state[self.REPLAY_KEY]} "
                              "items to restore the state: it is not the input the state was saved "
@@ -391,7 +264,7 @@ class BucketBatch(BaseNode[list]):
 
     def _earliest(self) -> float:
         """Position of the oldest item not yet emitted (the read position if none)."""
-        return min(self._oldest, float(self._pos), self._emit_first)
+        return min(self._p.oldest, float(self._pos), self._p.emit_first)
 
     def _prune(self) -> _Snap:
         e = self._earliest()
@@ -405,13 +278,14 @@ class BucketBatch(BaseNode[list]):
 
     def get_state(self) -> dict:
         snap = self._prune()
+        p = self._p
         return {
             self.SOURCE_KEY: snap.state,
             self.REPLAY_KEY: self._pos - snap.pos,
-            self.DONE_KEY: [d - r for d, r in zip(self._done, snap.read)],
-            self.EMITTING_KEY: self._emitting,
-            self.OUT_POS_KEY: self._out_pos,
-            self.POOLS_KEY: self._pools_cut,
+            self.DONE_KEY: [d - r for d, r in zip(p.done, snap.read)],
+            self.EMITTING_KEY: p.emitting,
+            self.OUT_POS_KEY: p.out_pos,
+            self.POOLS_KEY: p.cut_count,
             self.BOUNDARIES_KEY: list(self.boundaries),  # type: ignore[arg-type]
             self.STATS_KEY: {k: (list(v) if isinstance(v, list) else v) for k, v in self._stats.items()},
             LEDGER_KEY: self.ledger.state(),
@@ -423,17 +297,17 @@ class BucketBatch(BaseNode[list]):
         pos = self._pos
         self._pos = pos + 1
         field = self._field
-        if field is not None:  # the fast path of _len
+        if field is not None:  # the fast path of item_length
             try:
                 v = item[field]
                 n = v.shape[0] if type(v) is torch.Tensor else len(v)  # (isinstance of Tensor is slow)
-            except Exception:  # _len says what is wrong
-                n = self._len(item)
+            except Exception:  # item_length says what is wrong
+                n = item_length(item, self.length, self.where)
         else:
-            n = self._len(item)
+            n = item_length(item, self.length, self.where)
         if not n:
             if self.empty == "raise":
-                raise SampleError(f"{self.where}: {_where(item)} has length 0 (an empty document): sorted "
+                raise SampleError(f"{self.where}: {item_where(item)} has length 0 (an empty document): sorted "
                                   "together such items make batches 0 tokens wide; set empty: skip to "
                                   "count and skip them, or filter them out before")
             if not self._replaying:
@@ -446,7 +320,7 @@ class BucketBatch(BaseNode[list]):
             if not self._replaying:
                 self._stats["overflow"] += 1
             if self.overflow == "raise":
-                raise SampleError(f"{self.where}: {_where(item)} has length {n}, over the last boundary "
+                raise SampleError(f"{self.where}: {item_where(item)} has length {n}, over the last boundary "
                                   f"{bounds[-1]}; set overflow: own_bucket | truncate | skip, add a "  # type: ignore[index]
                                   "boundary, or truncate earlier (the tokenizer's max_length)")
             if self.overflow == "skip":
@@ -454,19 +328,20 @@ class BucketBatch(BaseNode[list]):
                     self._skip(item, f"length {n}, over the last boundary {bounds[-1]} (overflow: skip)")  # type: ignore[index]
                 return -1
             if self.overflow == "truncate":
-                item = _truncated(item, self.length, n, bounds[-1])  # type: ignore[arg-type,index]
+                item = truncated(item, self.length, n, bounds[-1])  # type: ignore[arg-type,index]
                 n = bounds[-1]  # type: ignore[index]
                 b -= 1
-        read = self._read
+        p = self._p
+        read = p.read
         ordinal = read[b]
         read[b] = ordinal + 1
-        if ordinal < self._done[b]:
+        if ordinal < p.done[b]:
             return b  # emitted before the state was saved (only while replaying)
-        pool = self._pools[b]
-        if not pool and pos < self._oldest:
-            self._oldest = pos
+        pool = p.pools[b]
+        if not pool and pos < p.oldest:
+            p.oldest = pos
         pool.append((n, pos, item))
-        self._pool_tokens[b] += n if self._by_tokens and n else 1
+        p.tokens[b] += n if self._by_tokens and n else 1
         return b
 
     def _skip(self, item: Any, why: str) -> None:
@@ -485,18 +360,19 @@ class BucketBatch(BaseNode[list]):
                 return
             self._chunk_snap = None
         else:
-            snap = _Snap(self._pos, self.source.state_dict(), list(self._read))
+            snap = _Snap(self._pos, self.source.state_dict(), list(self._p.read))
         if snap.pos > self._snaps[-1].pos:
             self._snaps.append(snap)
 
     def _fill(self) -> None:
         """Read until a pool is cut (StopIteration at the end of the input)."""
-        source, add, weight, capacity = self.source, self._add, self._pool_tokens, self._capacity
+        p = self._p
+        source, add, weight, capacity = self.source, self._add, p.tokens, self._capacity
         max_pending, snap_every = self.max_pending, self._snap_every
         while True:
             pending, pi = self._pending, self._pi
-            if pi >= len(pending):  # read the next chunk (nodes/_chunks.py)
-                snap = self._chunk_snap = _Snap(self._pos, source.state_dict(), list(self._read))
+            if pi >= len(pending):  # read the next chunk (nodes/capabilities.py)
+                snap = self._chunk_snap = _Snap(self._pos, source.state_dict(), list(p.read))
                 if snap.pos - self._snaps[-1].pos >= snap_every:
                     self._snaps.append(snap)
                 self._pending, self._pi = pending, pi = take(source, _CHUNK), 0
@@ -505,93 +381,56 @@ class BucketBatch(BaseNode[list]):
             self._pi = pi + 1
             b = add(item)
             if b >= 0 and weight[b] >= capacity[b]:
-                self._cut(b, self._pools_cut)
-            elif self._pos - self._oldest > max_pending:
-                oldest = min((p[0][1], i) for i, p in enumerate(self._pools) if p)[1]
+                self._cut(b, p.cut_count)
+            elif self._pos - p.oldest > max_pending:
+                oldest = min((pool[0][1], i) for i, pool in enumerate(p.pools) if pool)[1]
                 self._stats["forced"] += 1
-                self._cut(oldest, self._pools_cut)
+                self._cut(oldest, p.cut_count)
             else:
                 continue
             self._snapshot()
             return
 
     # ----- cutting and emitting -----------------------------------------------------------
-    def _split(self, b: int, entries: list[tuple[int, int, Any]], final: bool) -> list[_Batch]:
+    def _split(self, b: int, entries: list[tuple[int, int, Any]], final: bool) -> list[Batch]:
         """Cut one bucket's sorted entries into batches (the last dropped if partial and asked)."""
-        n = len(entries)
         lens = [e[0] for e in entries]
-        cuts: list[tuple[int, int]] = []  # (start, end) in entries
-        if self.batch_sizes is not None:
-            size = self.batch_sizes[b]
-            cuts = [(i, min(i + size, n)) for i in range(0, n, size)]
-            partial = bool(cuts) and cuts[-1][1] - cuts[-1][0] < size
-        elif n:
-            m, budget = self.multiple, self.max_tokens
-            padded = [(-(-x // m) * m or 1) for x in lens] if m else [x or 1 for x in lens]
-            start = 0
-            for i in range(1, n):  # sorted: entry i is the longest of [start, i]
-                if (i + 1 - start) * padded[i] > budget:  # type: ignore[operator]
-                    cuts.append((start, i))  # an item alone over the budget is a batch of one
-                    start = i
-            cuts.append((start, n))
-            partial = (n - start + 1) * padded[n - 1] <= budget  # type: ignore[operator]
-        else:
-            partial = False
+        size = self.batch_sizes[b] if self.batch_sizes is not None else None
+        cuts, partial = cut_sorted(lens, size=size, budget=self.max_tokens, multiple=self.multiple)
         if final and self.drop_remainder and partial:
             s, e = cuts.pop()
             if not self._replaying:
                 self._stats["dropped"] += e - s
-        return [_Batch(b, [x[2] for x in entries[s:e]], lens[e - 1], sum(lens[s:e])) for s, e in cuts]
+        return [Batch(b, [x[2] for x in entries[s:e]], lens[e - 1], sum(lens[s:e])) for s, e in cuts]
 
     def _cut(self, which: int, counter: int) -> None:
-        """Sort and cut bucket ``which``'s pool (or, with ``ALL``, every pool at the epoch's end)
-        into batches, in an order shuffled by the pool counter."""
-        buckets = [i for i, p in enumerate(self._pools) if p] if which == ALL else [which]
-        batches: list[_Batch] = []
-        self._emit_counts = {}
-        for b in buckets:
-            entries = self._pools[b]
-            self._pools[b] = []
-            self._pool_tokens[b] = 0
-            self._emit_first = min(self._emit_first, entries[0][1])
-            self._emit_counts[b] = len(entries)
-            entries.sort(key=itemgetter(0))  # stable: equal lengths keep their input order
-            batches.extend(self._split(b, entries, which == ALL))
-        self._oldest = min((p[0][1] for p in self._pools if p), default=_INF)
-        self._emitting = which
-        self._pools_cut = counter + 1
-        if self.shuffle:
-            random.Random(derive_seed(self.seed, self.epoch, self.rank, counter)).shuffle(batches)
-        self._out = list(batches)
-        self._out_pos = 0
-        if not self._out:
+        """Cut bucket ``which``'s pool (or, with ``ALL``, every pool at the epoch's end) into
+        batches, in an order shuffled by (seed, epoch, rank, the pool counter)."""
+        seed = derive_seed(self.seed, self.epoch, self.rank, counter) if self.shuffle else None
+        self._p.cut(which, counter, self._split, seed)
+        if not self._p.out:
             self._consume()
 
     def _consume(self) -> None:
         """The pool being emitted is all out: its items count as emitted."""
-        for b, count in self._emit_counts.items():
-            self._done[b] += count
-        self._emit_counts = {}
-        self._emitting = NONE
-        self._emit_first = _INF
-        self._out = []
-        self._out_pos = 0
+        self._p.consume()
         self._prune()
 
     def next(self) -> list:
-        while self._out_pos >= len(self._out):
+        p = self._p
+        while p.out_pos >= len(p.out):
             if not self._exhausted:
                 try:
                     self._fill()
                 except StopIteration:
                     self._exhausted = True
                 continue
-            if not any(self._pools):
+            if not any(p.pools):
                 raise StopIteration
-            self._cut(ALL, self._pools_cut)
-        batch = self._out[self._out_pos]
-        self._out[self._out_pos] = None
-        self._out_pos += 1
+            self._cut(ALL, p.cut_count)
+        batch = p.out[p.out_pos]
+        p.out[p.out_pos] = None
+        p.out_pos += 1
         assert batch is not None
         s = self._stats
         padded = self._padded(batch.longest)
@@ -600,6 +439,6 @@ class BucketBatch(BaseNode[list]):
         s["batches"][batch.bucket] += 1
         if self.max_tokens is not None and len(batch.items) == 1 and padded > self.max_tokens:
             s["oversize"] += 1
-        if self._out_pos == len(self._out):
+        if p.out_pos == len(p.out):
             self._consume()
         return batch.items

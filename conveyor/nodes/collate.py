@@ -9,16 +9,17 @@ to OpenMP threads there, a team per calling thread, whose spinning takes the cor
 threads need (imagenet.yaml on a busy 2-core machine: 33 against 160 images/s). The batch is
 the same tensor either way.
 
-A ``Collate`` node stacks into numpy arrays it keeps (``_slabs.Buffers``) and hands each batch out
-as a tensor over one (``torch.from_numpy``). An array is written again only when nothing
-refers to it any more: every tensor, view or storage made from a batch holds a reference to
-its array, so the array's reference count says when the trainer has let the batch and all its
-views go. A new 4.8 MB batch of images (imagenet.yaml, batch 32) had cost ~1,200 page faults
-of fresh memory, ~45 us per image of the loader's own thread, as much as the copy itself.
-``default_collate`` (the function) keeps nothing.
+A ``Collate`` node stacks into numpy arrays it keeps (``_workers/batch_slabs.Buffers``) and
+hands each batch out as a tensor over one (``torch.from_numpy``). An array is written again
+only when nothing refers to it any more: every tensor, view or storage made from a batch holds
+a reference to its array, so the array's reference count says when the trainer has let the
+batch and all its views go. A new 4.8 MB batch of images (imagenet.yaml, batch 32) had cost
+~1,200 page faults of fresh memory, ~45 us per image of the loader's own thread, as much as
+the copy itself. ``default_collate`` (the function) keeps nothing.
 
-A batch whose samples a threaded map wrote into consecutive rows of one slab (``_slabs``:
-``map → batch → collate`` in a spec) is those rows, handed out without a copy.
+A batch whose samples a threaded map wrote into consecutive rows of one slab
+(``_workers/batch_slabs.py``: ``map → batch → collate`` in a spec) is those rows, handed out
+without a copy.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 from torchdata.nodes import BaseNode
 
-from conveyor.nodes._slabs import Buffers, plain_tensor, slab_batch
+from conveyor.nodes._workers.batch_slabs import Buffers, plain_tensor, slab_batch
 
 
 def _stack_tensors(batch: list[torch.Tensor], *, collate_fn_map: Any = None,

@@ -10,19 +10,19 @@ copied part maps items one to one, it is the order of N = 1.
 The workers persist across epochs: each epoch the node sends every worker the epoch and the
 state to start from, except when the next epoch simply follows a whole one: then the workers
 have already gone on into it (``run_ahead``), so no copy idles while the main process drains
-the end of an epoch. Worker processes send through a pipe each, written from the worker's
-own thread (``_pipes``): small tensors packed into one buffer per chunk, big ones through
-shared-memory slots each worker lends the main process and reuses once nothing there refers
-to them (``_handoff``, ``_lent``); they run torch with one intra-op thread. Items come back in
+the end of an epoch. What a worker does (``_workers/copy_worker.py``): it sends its items in
 chunks (a per-item hand-off between processes costs more than cheap items), each chunk with
-its copy's state before its first item; the node's state is, per copy, that chunk state and
+its copy's state before its first item; a worker process writes its own pipe, packs small
+tensors into one buffer per chunk and lends big ones through shared-memory slots it reuses once
+nothing here refers to them. The node's state is, per copy, that chunk state and
 how many of its items were taken, plus the turn and which copies are done. A restore sends
 each copy its own state (the copy re-runs the few items taken from the chunk and drops them),
 so nothing in flight is lost or repeated.
 Workers start under ``spawn`` by default (safe with the threads a loader runs); ``factory``
 must then be picklable. Where the main module cannot be imported again (``python -`` reads it
-from stdin) they run in threads instead, with a warning (``_children.threads_instead``). Errors in a worker come back as the original exception when it can be
-pickled, else as a ``RuntimeError`` with its text; a worker that dies is an error, not a hang.
+from stdin) they run in threads instead, with a warning (``child_processes.threads_instead``).
+Errors in a worker come back as the original exception when it can be pickled, else as a
+``RuntimeError`` with its text; a worker that dies is an error, not a hang.
 """
 
 from __future__ import annotations
@@ -31,235 +31,24 @@ import logging
 import multiprocessing as mp
 import os
 import queue
-import signal
 import threading
 import time
 from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
-from conveyor.nodes._children import describe, end_processes, threads_instead
 from conveyor.nodes._elastic import Cursor, compact
-from conveyor.nodes._handoff import Packer, unpack
-from conveyor.nodes._lent import MAX_SLOTS, Borrower, Lender, available
-from conveyor.nodes._parent import Parent, watch_parent
-from conveyor.nodes._pipes import PipeOut, make_pipe
-from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, ledgers
-from conveyor.nodes._threads import portable
+from conveyor.nodes._skips import LEDGER_KEY, ledgers
+from conveyor.nodes._workers.child_processes import death, describe, end_processes, threads_instead
+from conveyor.nodes._workers.chunk_packing import unpack
+from conveyor.nodes._workers.copy_worker import BASE_KEY, END, ERR, ITEMS, POLL, SKIP_KEY, run_worker
+from conveyor.nodes._workers.shared_slots import MAX_SLOTS, Borrower, available
+from conveyor.nodes._workers.worker_pipe import make_pipe
 
 log = logging.getLogger(__name__)
 
 METHODS = ("process", "thread")
-_START, _ITEMS, _END, _ERR = "start", "items", "end", "err"
-_POLL = 0.1
-_FIRST_CHUNK = 8
-BASE_KEY, SKIP_KEY = "base", "skip"
 CLOSE_WAIT = 10.0  # seconds close() gives workers to leave on their own (a stopped one: none)
-_CHUNK_BYTES = 4 << 20  # a chunk ends once its tensors hold this much (big items: few per chunk)
-
-
-def _tensor_bytes(item: Any) -> int:
-    """Bytes of the tensors in an item, looking one level into dicts, lists and tuples."""
-    values = item.values() if isinstance(item, dict) else item if isinstance(item, (list, tuple)) else (item,)
-    total = 0
-    for v in values:
-        nbytes = getattr(v, "nbytes", None)  # torch tensors and numpy arrays
-        if isinstance(nbytes, int):
-            total += nbytes
-    return total
-
-
-def _stats_of(nodes: dict[str, Any], sent: dict[str, int] | None = None) -> dict[str, dict]:
-    """Each node's counters; with ``sent`` (skips last reported, by node), also the skip ledger
-    of each node whose count moved since (the ledger in a state is as of the chunk's start)."""
-    out = {}
-    for name, node in nodes.items():
-        entry = {"items": getattr(node, "items", 0)}
-        inner = getattr(node, "inner", node)
-        own = getattr(inner, "stats", None)
-        if callable(own):
-            entry.update(own())
-        ledger = getattr(inner, "ledger", None)
-        if sent is not None and isinstance(ledger, SkipLedger) and sent.get(name) != ledger.count:
-            sent[name] = ledger.count
-            entry[LEDGER_KEY] = ledger.state()
-        out[name] = entry
-    return out
-
-
-def _death(worker: Any) -> str:
-    """Why a worker that sent no error is gone, in words."""
-    code = getattr(worker, "exitcode", None)
-    if code is not None and code < 0:
-        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-        hint = ": often the out-of-memory killer" if -code == signal.SIGKILL else ""
-        return f"was killed by {name}{hint}"
-    if code == 1:
-        return ("exited with code 1 before it could report an error (its traceback is on stderr); "
-                "if that shows it importing your script: under spawn a worker imports the main "
-                "script again, so a script that starts the loader at import time needs "
-                "`if __name__ == '__main__':`")
-    return f"stopped (exit code {code}) without an error message; look for a crash in native code"
-
-
-def _worker_loop(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
-                 cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, by_value: bool,
-                 run_ahead: bool = True, credits: Any = None, parent: tuple[int, bool] | None = None,
-                 flags: Any = None, flags_first: int = 1) -> None:
-    """One worker: build the copy once, then run epochs as the commands ask.
-
-    Items travel in chunks (8 items first, doubling up to ``chunk``, or what ``max_wait``
-    seconds gave), each with the copy's state before its first item; ``by_value`` packs a
-    chunk's small tensors into one buffer and moves big ones to shared memory here (see
-    ``_handoff``; with ``flags``, into slots of shared memory it lends the main process,
-    ``flags_first`` of them made at once, ``_lent``). With ``run_ahead``, a copy that sent the end of epoch e goes on
-    into epoch e + 1 from its start, unasked: the main process takes those items if that is
-    what it asks for next, and drops them otherwise. A worker process given ``parent`` (the
-    main process's pid, and whether its main thread started the worker) ends when the main
-    process does (``_parent``).
-    """
-    watch = None
-    if parent is not None:
-        watch = watch_parent(parent[0], what=f"conveyor worker copy {w}", from_main_thread=parent[1])
-    pack = None
-    if by_value:
-        out_q = PipeOut(out_q, credits, stop, watch)
-        # a worker that finds shared memory failing stops trying (Packer)
-        pack = Packer(lender=Lender(flags, first=flags_first) if flags is not None else None)
-        import torch
-
-        # N copies already use the cores: torch's own intra-op threads would only contend
-        # (and spin) with the other copies, as DataLoader's workers also set.
-        torch.set_num_threads(1)
-    try:
-        _serve(factory, w, cmd_q, out_q, stop, chunk, max_wait, pack, run_ahead, watch)
-    except (BrokenPipeError, EOFError):
-        pass  # the main process closed its end: it is gone or closing
-    except BaseException as exc:  # noqa: BLE001 - a failure outside the graph's items: say it
-        try:
-            out_q.put((-1, _ERR, portable(exc), None, None))
-        except Exception:  # noqa: BLE001 - the pipe is gone too: the exit code tells
-            pass
-        raise
-
-
-def _serve(factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], w: int,
-           cmd_q: Any, out_q: Any, stop: Any, chunk: int, max_wait: float, pack: Packer | None,
-           run_ahead: bool, watch: Parent | None) -> None:
-    try:
-        root, nodes = factory(w)
-    except BaseException as exc:  # noqa: BLE001 - reported to the main process
-        out_q.put((-1, _ERR, portable(exc), None, None))
-        return
-    cmd = None
-    ahead = None  # (gen, epoch): the epoch to run next without waiting for a command
-    while not stop.is_set():
-        if cmd is None and ahead is None:
-            try:
-                cmd = cmd_q.get(timeout=_POLL)
-            except queue.Empty:
-                if watch is not None and watch.gone():
-                    return
-                continue
-        if cmd is not None:
-            if cmd[0] == "stop":
-                return
-            _, gen, epoch, state, deal = cmd
-            cmd = ahead = None
-        else:
-            (gen, epoch), state, ahead, deal = ahead, None, None, None
-        cmd, ended = _run_epoch(root, nodes, cmd_q, out_q, stop, (gen, epoch), state, chunk, max_wait, pack,
-                                deal)
-        if ended and cmd is None and run_ahead:
-            ahead = (gen, epoch + 1)
-
-
-def _put_unless_stopped(out_q: Any, msg: tuple, stop: Any) -> None:
-    """Hand ``msg`` over, waiting while the queue is full, until ``stop`` is set (a closing
-    loader reads nothing more: a plain ``put`` would block its join)."""
-    while not stop.is_set():
-        try:
-            out_q.put(msg, timeout=_POLL)
-            return
-        except queue.Full:
-            continue
-
-
-def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, stop: Any, key: tuple,
-               state: dict | None, chunk: int, max_wait: float, pack: Packer | None,
-               deal: dict | None = None) -> tuple[Any, bool]:
-    """Send one epoch of the copy, tagged with ``key``; returns (a command that came in
-    meanwhile, whether the epoch was sent to its end). ``pack``: how a worker process packs
-    a chunk (None: threads hand the items over as they are). ``deal``: what is left of an
-    epoch interrupted on another world size (elastic resume), for the copy's shard."""
-    epoch = key[1]
-    sent: dict[str, int] = {}  # the ledgers' counts as reported: the first chunk reports them
-    try:
-        for node in nodes.values():
-            if hasattr(node, "items"):
-                node.items = 0
-            inner = getattr(node, "inner", node)
-            set_epoch = getattr(inner, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(epoch)
-            set_deal = getattr(inner, "set_deal", None)
-            if callable(set_deal):
-                set_deal(deal)
-        if state is None:
-            root.reset(None)
-        else:
-            root.reset(state[BASE_KEY])
-            for _ in range(state[SKIP_KEY]):
-                next(root)  # taken from the chunk before the save: recomputed, not sent
-        msg: tuple = (key, _START, root.state_dict(), None, None)
-    except BaseException as exc:  # noqa: BLE001
-        msg = (key, _ERR, portable(exc), None, None)
-    cmd = None
-    size = min(_FIRST_CHUNK, chunk)  # small first chunks: the epoch's first items come soon
-    while cmd is None and not stop.is_set():
-        # hand the message over, but give way to a new command (a new epoch or a stop)
-        try:
-            out_q.put(msg, timeout=_POLL)
-        except queue.Full:
-            try:
-                cmd = cmd_q.get_nowait()
-            except queue.Empty:
-                pass
-            continue
-        if msg[1] in (_END, _ERR):
-            return None, msg[1] == _END
-        base = root.state_dict()
-        items: list = []
-        deadline = time.monotonic() + max_wait
-        try:
-            nbytes = 0
-            while len(items) < size and nbytes < _CHUNK_BYTES and (not items or time.monotonic() < deadline):
-                item = next(root)
-                items.append(item)
-                nbytes += _tensor_bytes(item)
-            size = min(2 * size, chunk)
-            end = False
-        except StopIteration:
-            end = True
-        except BaseException as exc:  # noqa: BLE001
-            msg = (key, _ERR, portable(exc), None, None)
-            if items:  # deliver what came before the error first
-                _put_unless_stopped(out_q, (key, _ITEMS, pack(items) if pack else items, base, None), stop)
-            continue
-        if items:
-            payload = pack(items) if pack else items
-            msg = (key, _ITEMS, payload, base, _stats_of(nodes, sent))
-            if end:  # send the items now, the end with the next round
-                _put_unless_stopped(out_q, msg, stop)
-        if end:
-            msg = (key, _END, root.state_dict(), _stats_of(nodes, sent), None)
-        try:
-            cmd = cmd_q.get_nowait()
-        except queue.Empty:
-            pass
-    if pack is not None and msg[1] == _ITEMS:
-        pack.take_back()  # a new command came before the chunk could be sent: it never will be
-    return cmd, False
 
 
 class WorkerCopies(BaseNode):
@@ -317,7 +106,7 @@ class WorkerCopies(BaseNode):
         self.epoch = 0
         self._workers: list[Any] = []
         self._credits: list[Any] = []
-        self._borrowers: list[Borrower | None] = []  # per worker process: the slots it lends (_lent)
+        self._borrowers: list[Borrower | None] = []  # per worker process: the slots it lends
         self._cmd: list[Any] = []
         self._out: list[Any] = []
         self._stop: Any = None
@@ -355,12 +144,12 @@ class WorkerCopies(BaseNode):
                 out_q, child_end = make_pipe(ctx, self.pipe_bytes)
                 credits = ctx.Semaphore(self.depth)  # chunks in flight, released as taken
                 if available():
-                    flags = ctx.Array("b", MAX_SLOTS)  # 1: a slot lent to this process (_lent)
+                    flags = ctx.Array("b", MAX_SLOTS)  # 1: a slot lent to this process (shared_slots)
             else:
                 out_q = child_end = make_q(maxsize=self.depth)
             self._credits.append(credits)
             self._borrowers.append(None if flags is None else Borrower(flags))
-            worker = make_worker(target=_worker_loop, args=(self.factory, w, cmd_q, child_end, self._stop,
+            worker = make_worker(target=run_worker, args=(self.factory, w, cmd_q, child_end, self._stop,
                                                             self.chunk, self.max_wait, by_value,
                                                             self.run_ahead, credits, parent, flags,
                                                             self.depth),
@@ -380,26 +169,26 @@ class WorkerCopies(BaseNode):
         try:
             while True:
                 try:
-                    msg = self._out[w].get(timeout=_POLL)
+                    msg = self._out[w].get(timeout=POLL)
                 except (queue.Empty, EOFError, OSError) as gone:
                     broken = not isinstance(gone, queue.Empty)
                     if broken:  # its pipe closed, maybe half-way through a message: it is exiting
                         self._workers[w].join(timeout=5)
                     if not self._workers[w].is_alive():
-                        raise RuntimeError(f"worker copy {w} {_death(self._workers[w])}") from None
+                        raise RuntimeError(f"worker copy {w} {death(self._workers[w])}") from None
                     if broken:
                         raise RuntimeError(f"worker copy {w}: its pipe broke ({gone})") from gone
                     if deadline is not None and time.monotonic() > deadline:
                         raise TimeoutError(f"worker copy {w} did not start within {timeout:.0f} s")
                     continue
-                if msg[1] == _ITEMS and self._credits[w] is not None:
+                if msg[1] == ITEMS and self._credits[w] is not None:
                     self._credits[w].release()  # taken (or dropped, if stale): the worker may send another
-                if msg[0] == -1 and msg[1] == _ERR:
+                if msg[0] == -1 and msg[1] == ERR:
                     raise msg[2]
                 if msg[0] == self._key:
                     self.received += 1
                     return msg
-                if msg[1] == _ITEMS and self._borrowers[w] is not None:
+                if msg[1] == ITEMS and self._borrowers[w] is not None:
                     try:
                         self._unpack(w, msg[2])  # stale: unpacked only so that its slots come back
                     except (OSError, EOFError):
@@ -443,7 +232,7 @@ class WorkerCopies(BaseNode):
         self._base, self._chunk, self._taken = [], [[] for _ in range(self.copies)], [0] * self.copies
         for w in range(self.copies):
             msg = self._get(w, timeout=self.start_timeout)
-            if msg[1] == _ERR:
+            if msg[1] == ERR:
                 raise msg[2]
             self._base.append(msg[2])
             self._ledgers[w] = {ledger["node"]: ledger for ledger in ledgers(msg[2])}
@@ -462,9 +251,9 @@ class WorkerCopies(BaseNode):
         """Take copy ``w``'s next chunk; False when the copy has ended."""
         msg = self._get(w)
         kind = msg[1]
-        if kind == _ERR:
+        if kind == ERR:
             raise msg[2]
-        if kind == _END:
+        if kind == END:
             self._done[w] = True
             self._base[w], self._chunk[w], self._taken[w] = msg[2], [], 0
             self._take_stats(w, msg[3])
@@ -475,7 +264,7 @@ class WorkerCopies(BaseNode):
             self._chunk[w] = self._unpack(w, payload) if isinstance(payload, tuple) else payload
         except (OSError, EOFError) as exc:  # a shared-memory tensor whose sender is gone
             self._workers[w].join(timeout=5)
-            why = _death(self._workers[w]) if not self._workers[w].is_alive() else "is unreachable"
+            why = death(self._workers[w]) if not self._workers[w].is_alive() else "is unreachable"
             raise RuntimeError(f"worker copy {w} {why} (while handing over a chunk: {exc})") from None
         self._take_stats(w, stats)
         return True

@@ -29,6 +29,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
+from conveyor.nodes import capabilities as cap
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 from conveyor.storage import RetryPolicy, Storage
 
@@ -107,8 +108,7 @@ class Fetch(BaseNode[dict]):
 
     def count(self) -> int | None:
         """Items per epoch when the input knows its own (one out per record in)."""
-        count = getattr(self.source, "count", None)
-        return count() if callable(count) else None
+        return cap.count(self.source)
 
     def stats(self) -> dict[str, int]:
         return {**self.storage.stats.as_dict(), "skipped": self.skipped}

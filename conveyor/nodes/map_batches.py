@@ -16,31 +16,30 @@ items are skipped and counted (``stats()["skipped"]``), never their neighbours. 
 
 Outputs do not depend on where lists start, so the state is the inner map's state before the
 current list and how many of its results were emitted (all of them, between lists); a restore
-maps that list again and drops those results. The state is as small as ``Map``'s; a restore re-runs ``fn`` on at most
-one list.
+maps that list again and drops those results. The state is as small as ``Map``'s; a restore
+re-runs ``fn`` on at most one list.
 """
 
 from __future__ import annotations
 
-import inspect
+import logging
 from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
-from conveyor.nodes._chunks import take_exactly
+from conveyor.nodes import capabilities as cap
 from conveyor.nodes._elastic import Cursor
-from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, sample_id
-from conveyor.nodes.map import Map, _Failed
+from conveyor.nodes._skips import LEDGER_KEY, OnError, sample_id
+from conveyor.nodes._workers.map_calls import Failed, parameters
+from conveyor.nodes.map import ON_ERROR, Map
+
+log = logging.getLogger(__name__)
 
 
 def wants_rng(fn: Callable) -> bool:
     """Whether ``fn`` has an ``rng`` or ``generator`` parameter (per-sample randomness, which
     ``map`` gives and a batch map cannot); for a class, its ``__call__``'s."""
-    target = fn.__call__ if isinstance(fn, type) else fn
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return False
+    params = parameters(fn.__call__ if isinstance(fn, type) else fn)
     return "rng" in params or "generator" in params
 
 
@@ -57,7 +56,7 @@ class _Lists(BaseNode[list]):
         self.source.reset(initial_state)
 
     def next(self) -> list:
-        items = take_exactly(self.source, self.size)
+        items = cap.take_exactly(self.source, self.size)
         if not items:
             raise StopIteration
         return items
@@ -66,8 +65,7 @@ class _Lists(BaseNode[list]):
         return self.source.state_dict()
 
     def count(self) -> int | None:
-        count = getattr(self.source, "count", None)
-        n = count() if callable(count) else None
+        n = cap.count(self.source)
         return None if n is None else -(-n // self.size)
 
 
@@ -98,7 +96,7 @@ class _ListCall:
             raise
         except Exception as exc:
             if len(items) == 1:
-                return [_Failed(exc, sample=sample_id(items[0]))]
+                return [Failed(exc, sample=sample_id(items[0]))]
         out: list = []
         for item in items:  # find the bad items; the good ones are mapped alone
             try:
@@ -106,7 +104,7 @@ class _ListCall:
             except _WrongCount:
                 raise
             except Exception as exc:
-                out.append(_Failed(exc, sample=sample_id(item)))
+                out.append(Failed(exc, sample=sample_id(item)))
         return out
 
 
@@ -140,47 +138,52 @@ class MapBatches(BaseNode):
         super().__init__()
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise ValueError(f"{size=} must be a positive int")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"{on_error=} must be one of ('raise', 'skip')")
+        if on_error not in ON_ERROR:
+            raise ValueError(f"{on_error=} must be one of {ON_ERROR}")
         if wants_rng(fn):
             raise ValueError(f"{getattr(fn, '__name__', fn)!r} takes an rng or a generator, which a batch "
                              "map cannot give (a list has no single sample index): use map without batch")
         self.size = size
         self.on_error = on_error
         self.where = where or f"map {getattr(fn, '__name__', fn)!r} (batch {size})"
-        self.inner = Map(_Lists(source, size), fn=_ListCall(fn, args or {}), workers=workers,
-                         method=method, on_error="raise", where=self.where, **map_kw)
+        self._map = Map(_Lists(source, size), fn=_ListCall(fn, args or {}), workers=workers,
+                        method=method, on_error="raise", where=self.where, **map_kw)
         self.workers, self.method = workers, method
-        self.skipped = 0
-        self.ledger = SkipLedger()
+        self.errors = OnError(on_error, self.where, log)  # for the bad items the lists hold
+        self.ledger = self.errors.ledger
         self._out: list = []
         self._pos = 0
         self._before: dict | None = None  # the inner map's state before the current list
 
+    @property
+    def skipped(self) -> int:
+        """Items skipped this epoch (``on_error="skip"``)."""
+        return self.errors.skipped
+
     def set_epoch(self, epoch: int) -> None:
-        self.inner.set_epoch(epoch)
+        self._map.set_epoch(epoch)
 
     def stats(self) -> dict[str, int]:
-        return {"skipped": self.skipped}
+        return {"skipped": self.errors.skipped}
 
     def close(self) -> None:
-        self.inner.close()
+        self._map.close()
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self._out, self._pos = [], 0
         if initial_state is None:
-            self.skipped = 0
-            self.inner.reset()
-            self._before = self.inner.state_dict()
+            self.errors.skipped = 0
+            self._map.reset()
+            self._before = self._map.state_dict()
             return
-        self.skipped = initial_state[self.SKIPPED_KEY]
+        self.errors.skipped = initial_state[self.SKIPPED_KEY]
         self.ledger.load(initial_state.get(LEDGER_KEY))
-        self.inner.reset(initial_state[self.INNER_KEY])
+        self._map.reset(initial_state[self.INNER_KEY])
         self._before = initial_state[self.INNER_KEY]
         emitted = initial_state[self.EMITTED_KEY]
         if emitted:  # the list being (or last) emitted when the state was taken: mapped again
-            self._out = next(self.inner)
+            self._out = next(self._map)
             self._pos = emitted
             for i in range(emitted):
                 self._out[i] = None
@@ -190,18 +193,18 @@ class MapBatches(BaseNode):
             pos = self._pos
             out = self._out
             if pos >= len(out):
-                before = self.inner.state_dict()
-                out = next(self.inner)  # StopIteration ends the stream (the state stays as it was)
+                before = self._map.state_dict()
+                out = next(self._map)  # StopIteration ends the stream (the state stays as it was)
                 self._before, self._out, self._pos, pos = before, out, 0, 0
             item = out[pos]
             out[pos] = None  # let emitted results go
             self._pos = pos + 1
-            if type(item) is not _Failed:
+            if type(item) is not Failed:
                 return item
-            self._fail(item)
+            self.errors.fail(item)
 
     def next_many(self, n: int) -> list:
-        """Up to ``n`` results, from one list at most (nodes/_chunks.py)."""
+        """Up to ``n`` results, from one list at most (nodes/capabilities.py)."""
         if self._pos >= len(self._out):
             first = [self.next()]  # the next list (StopIteration ends the stream)
             if n == 1:
@@ -209,21 +212,18 @@ class MapBatches(BaseNode):
             return first + self.next_many(n - 1) if self._pos < len(self._out) else first
         out, pos = self._out, self._pos
         chunk = out[pos:pos + n]
-        if _Failed in map(type, chunk):  # a skipped item among them: one at a time
+        if Failed in map(type, chunk):  # a skipped item among them: one at a time
             return [self.next()]
         out[pos:pos + len(chunk)] = [None] * len(chunk)  # let emitted results go
         self._pos = pos + len(chunk)
         return chunk
 
-    _fail = Map._fail  # raise with a note naming the node, or count, log and record the skip
-    _slotted = None    # (what Map._fail reads: a batch map writes into no batch rows)
-
     def get_state(self) -> dict:
         # always the state before the current list (all of whose results may be out: then a
         # restore maps it again and drops them all), so that every list the inner state counts
         # as done is a whole one of ``size`` items (elastic_input relies on it)
-        return {self.INNER_KEY: self._before, self.EMITTED_KEY: self._pos, self.SKIPPED_KEY: self.skipped,
-                LEDGER_KEY: self.ledger.state()}
+        return {self.INNER_KEY: self._before, self.EMITTED_KEY: self._pos,
+                self.SKIPPED_KEY: self.errors.skipped, LEDGER_KEY: self.ledger.state()}
 
     @staticmethod
     def elastic_input(cursor: Cursor, size: int) -> Cursor:

@@ -33,6 +33,9 @@ retried with backoff; one that outlives its attempts, or a missing object, is a 
 naming the file (and the line reached), a missing bucket or denied access a ``SourceError``,
 each with the node's note, never a bare botocore or aiohttp traceback.
 
+What a file and a line must be (the compression and encoding checks, a ``.zip``'s one file,
+a line's record or why it is bad) is in ``_line_files.py``; this module reads the files.
+
 The state is the input's state before the current file, whether a file is open, and the
 byte offset and line number in it. A restore re-reads that one file record from the input,
 opens the file and seeks to the offset: it never replays the file's earlier lines.
@@ -51,10 +54,7 @@ bad lines like any other.
 from __future__ import annotations
 
 import codecs
-import json
 import logging
-import lzma
-import zlib
 from typing import Any
 
 import fsspec
@@ -62,6 +62,7 @@ from fsspec.utils import infer_compression
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import ConveyorError, SampleError
+from conveyor.nodes._line_files import READ_ERRORS, compression_problem, encoding_problem, open_zip, parse_line
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 from conveyor.storage import RetryPolicy, Storage, is_local, redact
 
@@ -77,73 +78,6 @@ NESTED = 256     # lines with this many brackets are parsed by the standard libr
 FORMATS = ("jsonl", "lines")
 ON_ERROR = ("raise", "skip")
 LINE_BITS = 32
-# what reading a file can raise: OSError (a failed read, BadGzipFile), EOFError (a truncated
-# .gz/.bz2/.xz), zlib.error and lzma.LZMAError (corrupt data)
-_READ_ERRORS: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error, lzma.LZMAError)
-try:
-    from zstandard import ZstdError as _ZstdError
-    _READ_ERRORS += (_ZstdError,)
-except ImportError:
-    pass
-# name suffixes of compressions fsspec infers only where a package is installed
-_CODEC_PACKAGES = {"zst": ("zstd", "zstandard"), "lz4": ("lz4", "lz4")}
-# first bytes of compressed streams, for a file whose name announces none
-_MAGIC = ((b"\x1f\x8b", "gzip", ".gz"), (b"BZh", "bz2", ".bz2"), (b"\xfd7zXZ\x00", "xz", ".xz"),
-          (b"\x28\xb5\x2f\xfd", "zstd", ".zst"), (b"PK\x03\x04", "zip", ".zip"),
-          (b"\x04\x22\x4d\x18", "lz4", ".lz4"))
-
-
-def compression_problem(path: str, head: bytes | None = None) -> str | None:
-    """Why ``path`` cannot be read as its name says, or ``None``: its suffix names a compression
-    whose package is not installed, or (given its first bytes ``head``) it is a compressed stream
-    that its name does not announce. fsspec infers compression from the name alone, and read as
-    text either file was a bad line per block of binary.
-
-    Example:
-        >>> compression_problem("a.jsonl", b"\\x1f\\x8b\\x08\\x00")
-        'it is gzip-compressed but its name does not end in .gz (compression is inferred from the name); rename it'
-    """
-    if infer_compression(path) is not None:
-        return None
-    suffix = path.rsplit("/", 1)[-1].rpartition(".")[2].lower()
-    if suffix in _CODEC_PACKAGES:
-        codec, package = _CODEC_PACKAGES[suffix]
-        return f"{codec}-compressed files need the {package} package: pip install {package}"
-    if head:
-        for magic, codec, ext in _MAGIC:
-            if head.startswith(magic) and (codec != "bz2" or head[4:8] == b"1AY&"):  # BZh9, then a block
-                return (f"it is {codec}-compressed but its name does not end in {ext} (compression is "
-                        "inferred from the name); rename it")
-    return None
-
-
-def _fields(record: dict, most: int = 8) -> str:
-    """A record's field names, for an error: the first ``most`` of them."""
-    names = [str(k) for k in record]
-    return ", ".join(names[:most]) + (f", ... ({len(names)} in all)" if len(names) > most else "") if names else "none"
-
-
-def encoding_problem(encoding: Any) -> str | None:
-    """Why files in ``encoding`` cannot be read line by line here, or ``None``. Lines are cut at
-    the byte ``\\n``, so the encoding must be one Python knows that writes ASCII as ASCII (UTF-8,
-    Latin-1, cp1252...): UTF-16 or UTF-32 text read that way failed from its second line on, and
-    an unknown name was a LookupError at the first line."""
-    if not isinstance(encoding, str) or not encoding:
-        return f"expected an encoding name, got {encoding!r}"
-    try:
-        codecs.lookup(encoding)
-    except LookupError:
-        return f"unknown encoding {encoding!r}"
-    probe = b'{"text": "a"}\n'
-    try:
-        same = probe.decode(encoding) == probe.decode("ascii")
-    except (UnicodeDecodeError, LookupError, ValueError, TypeError):  # LookupError: not a text codec
-        same = False
-    if not same:
-        return (f"encoding {encoding!r} does not read ASCII bytes as ASCII text (UTF-16 and UTF-32 do "
-                "not, nor do codecs that are not text encodings), so lines cannot be cut at the newline "
-                "byte; convert the files to UTF-8")
-    return None
 
 
 class ReadJsonl(BaseNode[dict]):
@@ -248,7 +182,7 @@ class ReadJsonl(BaseNode[dict]):
             if not is_local(path):
                 self._fh = self._open_remote(path, offset)
             elif infer_compression(path) == "zip":
-                self._fh = self._open_zip(path, fsspec.open(path, "rb", **(self.storage_options or {})).open())
+                self._fh = open_zip(path, fsspec.open(path, "rb", **(self.storage_options or {})).open(), self._error)
             else:
                 self._fh = fsspec.open(path, "rb", compression="infer", **(self.storage_options or {})).open()
             if offset:
@@ -257,7 +191,7 @@ class ReadJsonl(BaseNode[dict]):
             self._close_file()
             exc.add_note(f"in {self.where}")
             raise
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             self._close_file()
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
             raise self._error(f"read_jsonl: cannot open {self._redact(path)}: {self._redact(why)}") from exc
@@ -276,45 +210,12 @@ class ReadJsonl(BaseNode[dict]):
 
         codec = infer_compression(path)
         if codec == "zip":  # read from its end first (the central directory): random access
-            return self._open_zip(path, self.storage.open_random(path))
+            return open_zip(path, self.storage.open_random(path), self._error)
         self._raw = self.storage.open_sequential(path, offset=0 if codec else offset)
         return compr[codec](self._raw, mode="rb") if codec else self._raw
 
     def _redact(self, text: str) -> str:
         return redact(text, self.storage_options)
-
-    def _open_zip(self, path: str, raw: Any) -> Any:
-        """The one file in the zip archive ``raw`` (open, at ``path``), open; closing it closes
-        ``raw``. fsspec reads the first entry of a .zip, and nothing after it: of several
-        files, the first only; of a folder entry and its file (``zip -r`` puts the folder
-        first), nothing."""
-        import zipfile
-
-        try:
-            archive = zipfile.ZipFile(raw)
-        except zipfile.BadZipFile as exc:
-            raw.close()
-            raise self._error(f"read_jsonl: cannot read {path}: not a zip archive ({exc})") from None
-        names = [i.filename for i in archive.infolist() if not i.is_dir()]
-        if len(names) != 1:
-            archive.close()
-            raw.close()
-            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-            raise self._error(f"read_jsonl: {path} is a zip archive of {len(names)} files"
-                              + (f" ({shown})" if names else "") + "; a .zip is read as one compressed "
-                              "file, so unzip it and list its files")
-        member = archive.open(names[0])
-        close = member.close
-
-        def close_all() -> None:
-            try:
-                close()
-            finally:
-                archive.close()
-                raw.close()
-
-        member.close = close_all  # type: ignore[method-assign]
-        return member
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -344,7 +245,7 @@ class ReadJsonl(BaseNode[dict]):
         except ConveyorError as exc:  # from conveyor.storage: it names the URL
             exc.add_note(f"in {self.where}, reading {self._redact(self._path)} from line {self._line + 1}")
             raise
-        except _READ_ERRORS as exc:
+        except READ_ERRORS as exc:
             self._unreadable(exc)
             self._tail = []  # the start of a line the file ends in the middle of: skipped with the rest
             return False
@@ -385,7 +286,7 @@ class ReadJsonl(BaseNode[dict]):
         return self.next_many(1)[0]
 
     def next_many(self, n: int) -> list[dict]:
-        """Up to ``n`` records, from one block of lines at most (nodes/_chunks.py)."""
+        """Up to ``n`` records, from one block of lines at most (nodes/capabilities.py)."""
         while True:
             out = self._from_block(n)
             if out:
@@ -417,9 +318,12 @@ class ReadJsonl(BaseNode[dict]):
                 if fast and (len(raw) < NESTED or raw.count(b"[") + raw.count(b"{") < NESTED):  # (_fast_record)
                     record = fast_record(raw)
                 if record is None:
-                    self._li, self._offset, self._line = li, offset, line  # where _parse's error points
-                    record = self._parse(raw)
+                    self._li, self._offset, self._line = li, offset, line  # where a bad line's error points
+                    record, why = parse_line(raw, encoding=self.encoding, format=self.format, field=self.field,
+                                             first=line == 1)
                     if record is None:
+                        if why is not None:
+                            self._bad(why)
                         continue
                 record["file"] = path
                 record["line"] = line
@@ -432,8 +336,8 @@ class ReadJsonl(BaseNode[dict]):
         return out
 
     def _fast_record(self, raw: bytes) -> dict | None:
-        """The record, parsed by orjson and checked; None: let ``_parse`` decide (and say why).
-        Lines with ``NESTED`` brackets or more are left to ``_parse``: deep enough, perhaps,
+        """The record, parsed by orjson and checked; None: let ``parse_line`` decide (and say why).
+        Lines with ``NESTED`` brackets or more are left to ``parse_line``: deep enough, perhaps,
         for the standard library to refuse what orjson takes."""
         try:
             record = _fast_loads(raw if self._utf8 else raw.decode(self.encoding))  # type: ignore[misc]
@@ -473,53 +377,6 @@ class ReadJsonl(BaseNode[dict]):
         self.skipped += 1
         self.ledger.add(f"{path}:{self._line + 1}", type(exc).__name__, f"{why}; the rest of the file skipped")
         log_skip(log, self.skipped, f"read_jsonl: skipped the rest of {path}: {why}")
-
-    def _parse(self, raw: bytes) -> dict | None:
-        """The record of a line the fast path did not take, or None (a blank line, or a bad one,
-        counted)."""
-        try:
-            text = raw.decode(self.encoding)
-        except UnicodeDecodeError as exc:
-            self._bad(f"not {self.encoding} text ({exc.reason} at byte {exc.start})")
-            return None
-        text = text.rstrip("\r\n")
-        if self._line == 1 and text.startswith("\ufeff"):
-            text = text[1:]  # a byte order mark, as Windows tools begin UTF-8 files with
-        if not text.strip():
-            return None  # a blank line holds no record (pandas, pyarrow and ndjson skip them too)
-        if self.format == "lines":
-            record: Any = {self.field or "text": text}
-        else:
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                self._bad(f"not JSON ({exc.msg} at column {exc.colno})")
-                return None
-            except RecursionError:
-                self._bad("not JSON this reader can take (nested too deep)")
-                return None
-            if not isinstance(record, dict):
-                self._bad(f"expected a JSON object, got {type(record).__name__}")
-                return None
-        if self.field is not None:
-            value = record.get(self.field)
-            if value is None:
-                self._bad(f"field {self.field!r} is null" if self.field in record else
-                          f"no field {self.field!r} (it has: {_fields(record)}; the field param names it)")
-                return None
-            if not isinstance(value, str):
-                self._bad(f"field {self.field!r} is {type(value).__name__}, expected a string")
-                return None
-            if not value.strip():
-                self._bad(f"field {self.field!r} is empty")
-                return None
-            if not value.isascii():
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError as exc:
-                    self._bad(f"field {self.field!r} is not valid Unicode ({exc.reason} at character {exc.start})")
-                    return None
-        return record
 
     def get_state(self) -> dict:
         return {self.SOURCE_KEY: self._file_state, self.OPEN_KEY: self._fh is not None,

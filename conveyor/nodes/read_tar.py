@@ -46,7 +46,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import ConveyorError, SampleError, SourceError
-from conveyor.nodes._tar import BLOCK, Shard, sample_problem
+from conveyor.nodes._tar import BLOCK, OpenTar, sample_problem
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 from conveyor.storage import RetryPolicy, Storage, redact
 from conveyor.storage_errors import NOT_FOUND, classify
@@ -129,7 +129,7 @@ class ReadTar(BaseNode[dict]):
         self.skipped_samples = 0
         self.ledger = SkipLedger()
         self._counts: dict[str, dict[str, int] | None] = {}  # folder -> index.json's counts
-        self._shard: Shard | None = None
+        self._shard: OpenTar | None = None
         self._next: _Next | None = None
         self._source_done = False
         self._shard_index = 0
@@ -239,7 +239,7 @@ class ReadTar(BaseNode[dict]):
         except SampleError as exc:
             self._failed(exc, nxt.url)
             return
-        self._shard = Shard(reader, nxt.url, offset)
+        self._shard = OpenTar(reader, nxt.url, offset)
 
     def _failed(self, exc: SampleError, url: str) -> None:
         self._close_shard()

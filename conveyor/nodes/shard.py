@@ -31,6 +31,7 @@ import os
 
 from torchdata.nodes import BaseNode
 
+from conveyor.nodes import capabilities as cap
 from conveyor.nodes._elastic import Cursor, deal_end, remaining, slot_items
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,9 @@ def dist_rank_world() -> tuple[int, int]:
 def count_items(node: BaseNode) -> int:
     """Items per epoch of ``node``: its ``count()`` when it has one, else a counting pass
     (which leaves the node reset to the start of the epoch)."""
-    count = getattr(node, "count", None)
-    if callable(count):
-        n = count()
-        if n is not None:
-            return int(n)
+    n = cap.count(node)
+    if n is not None:
+        return int(n)
     log.info("shard: counting the input's items for equalize (a pass over the input)")
     node.reset()
     n = sum(1 for _ in node)
@@ -133,8 +132,7 @@ class Shard(BaseNode):
             return
         self._left = None
         if self.equalize == "none" or self.world == 1:
-            count = getattr(self.source, "count", None)  # noted for elastic resume when it is cheap
-            self._total = count() if callable(count) else None
+            self._total = cap.count(self.source)  # noted for elastic resume when it is cheap
             return
         total = count_items(self.source)
         self._total = total

@@ -36,7 +36,7 @@ import numpy as np
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import StateError
-from conveyor.nodes._chunks import take_exactly
+from conveyor.nodes.capabilities import take_exactly
 from conveyor.nodes._elastic import Cursor, compact
 from conveyor.nodes._rng import derive_seed
 
@@ -169,7 +169,7 @@ class ShuffleBuffer(BaseNode):
         return self.next_many(1)[0]
 
     def next_many(self, n: int) -> list:
-        """Up to ``n`` items, from one window at most (nodes/_chunks.py)."""
+        """Up to ``n`` items, from one window at most (nodes/capabilities.py)."""
         if self._buf is None:  # the first window of the epoch: the one fill anyone waits for
             self._load(ahead=0)
         if self._pos >= len(self._buf):

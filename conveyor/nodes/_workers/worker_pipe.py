@@ -6,7 +6,7 @@ worker's own (busy, pure-Python) thread first; a pipe written directly does not 
 that, and a full pipe blocks ``put``: that is the back-pressure.
 
 A message is pickled with protocol 5 and its out-of-band buffers (the ``PickleBuffer`` that
-``_handoff.pack`` makes of a chunk's tensor bytes) are written to the pipe straight from their
+``chunk_packing.pack`` makes of a chunk's tensor bytes) are written to the pipe straight from their
 memory; the main process reads each into one new ``bytearray`` and unpickles around them. Going
 through ``Connection.send_bytes``/``recv_bytes`` instead copied a 4.8 MB image batch five times
 on its way. Where ``os.readv`` is missing (Windows), messages go through the ``Connection``
@@ -33,7 +33,7 @@ class PipeOut:
     memory are small in the pipe, so the pipe's size alone would not bound what a worker runs
     ahead. ``put`` raises ``queue.Full`` when ``timeout`` passes without one, and
     ``BrokenPipeError`` once ``stop`` is set or the main process is gone (``parent``, a
-    ``_parent.Parent``: nobody will give a credit again).
+    ``parent_watch.Parent``: nobody will give a credit again).
     """
 
     def __init__(self, conn: Any, credits: Any = None, stop: Any = None, parent: Any = None):

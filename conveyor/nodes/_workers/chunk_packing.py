@@ -13,10 +13,10 @@ The tensors of one chunk share the chunk's buffer: keeping one keeps the chunk's
 
 ``share=True`` (worker processes) sends tensors of ``SHARE_MIN_BYTES`` (1 MiB) and more through
 shared memory, no bytes crossing the pipe: copied into a slot the worker's ``Lender`` reuses
-(``_lent``; only the slot's number travels), or, with no lender or every slot lent, through
+(``shared_slots``; only the slot's number travels), or, with no lender or every slot lent, through
 torch's own multiprocessing reduction (the tensor moves to a new segment and its file
 descriptor is passed, as DataLoader does with its batches). A 4.8 MB image batch: 5 ms instead
-of 10 per hand-off (``_pipes``' direct writes), 16-20 ms through ``Connection.send_bytes``; in
+of 10 per hand-off (``worker_pipe``' direct writes), 16-20 ms through ``Connection.send_bytes``; in
 a reused slot, a copy into memory already mapped on both sides. ``Packer`` falls back to
 by-value packing, saying so once, when shared memory fails (a small ``/dev/shm`` in a container).
 """
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from conveyor.nodes._lent import Borrower, Lender
+from conveyor.nodes._workers.shared_slots import Borrower, Lender
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,8 @@ def pack(items: Any, *, share: bool = False, lender: Lender | None = None) -> tu
     """``items`` as (pickled structure, tensor metas, one buffer of the tensors' bytes).
 
     The buffer is a ``PickleBuffer``: pickled with protocol 5 and a ``buffer_callback`` it
-    travels out of band (``_pipes`` writes it straight from memory), else in band. With
-    ``share`` and a ``lender``, big tensors are copied into the lender's slots (``_lent``).
+    travels out of band (``worker_pipe`` writes it straight from memory), else in band. With
+    ``share`` and a ``lender``, big tensors are copied into the lender's slots (``shared_slots``).
     """
     tensors: list[torch.Tensor] = []
     buf = io.BytesIO()
@@ -125,7 +125,7 @@ def pack(items: Any, *, share: bool = False, lender: Lender | None = None) -> tu
 
 class Packer:
     """``pack`` for a worker process: through shared memory (the ``lender``'s slots when
-    given, see ``_lent``) until that fails once (a small ``/dev/shm`` in a container, say),
+    given, see ``shared_slots``) until that fails once (a small ``/dev/shm`` in a container, say),
     then by value through the pipe, said once."""
 
     def __init__(self, share: bool = True, lender: Lender | None = None):

@@ -11,6 +11,7 @@ process does not hold off) whatever is left when the time is up.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from typing import Any, Iterable
 
@@ -70,6 +71,21 @@ def end_processes(named: Iterable[tuple[str, Any]], *, wait: float) -> list[str]
     if killed:
         log.warning("closing: killed %s", "; ".join(killed))
     return killed
+
+
+def death(worker: Any) -> str:
+    """Why a worker that sent no error is gone, in words."""
+    code = getattr(worker, "exitcode", None)
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        hint = ": often the out-of-memory killer" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    if code == 1:
+        return ("exited with code 1 before it could report an error (its traceback is on stderr); "
+                "if that shows it importing your script: under spawn a worker imports the main "
+                "script again, so a script that starts the loader at import time needs "
+                "`if __name__ == '__main__':`")
+    return f"stopped (exit code {code}) without an error message; look for a crash in native code"
 
 
 _said: set[str] = set()

@@ -20,6 +20,8 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from conveyor.nodes import capabilities as cap
+
 
 def portable(exc: BaseException) -> BaseException:
     """``exc`` when it survives pickling both ways, else a ``RuntimeError`` with its text and
@@ -104,5 +106,4 @@ class CarryErrors(BaseNode):
         return self.source.state_dict()
 
     def count(self) -> int | None:
-        count = getattr(self.source, "count", None)
-        return count() if callable(count) else None
+        return cap.count(self.source)

@@ -1,7 +1,7 @@
 """Shared-memory slots a worker process lends the main process for its big tensors, written
 again only once nothing in the main process uses them.
 
-torch's own hand-off of a tensor between processes, which ``_handoff`` used for every tensor
+torch's own hand-off of a tensor between processes, which ``chunk_packing`` used for every tensor
 of 1 MiB or more, copies it into a new shared-memory segment each time; the main process gets
 that segment's file descriptor through ``multiprocessing``'s resource sharer (a socket
 connection per tensor) and maps it afresh. For a 4.8 MB image batch that is 2.5-3 ms of the
