@@ -18,7 +18,7 @@ from conveyor.nodes.list_files import ListFiles
 from conveyor.nodes.list_lmdb import ListLmdb
 from conveyor.nodes.read_lmdb import ReadLmdb
 from conveyor.nodes.read_parquet import ReadParquet
-from conveyor.pack_lmdb import pack_lmdb
+from conveyor.pack import pack_lmdb
 from s3_server import moto_server, s3  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
