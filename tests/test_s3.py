@@ -15,7 +15,7 @@ import torch
 from torchdata.nodes import IterableWrapper
 
 from conveyor import SampleError, SourceError, load_graph
-from conveyor.cli import main as cli_main
+from conveyor.tools.cli import main as cli_main
 from conveyor.nodes.fetch import Fetch
 from conveyor.nodes.list_files import ListFiles
 from conveyor.nodes.read_tar import ReadTar

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conveyor import ConveyorError, StateError, load_graph
-from conveyor.cli import main as cli_main
+from conveyor.tools.cli import main as cli_main
 from conveyor.graphs.loader import rank_states
 from resume_check import fingerprint
 

@@ -64,8 +64,8 @@ def tune_svg(points: Sequence[Any], verdict: Any, *, title: str = "", cores: int
     as a dashed reference line; otherwise the settings stand side by side in their order.
 
     Args:
-        points: ``conveyor.tune.Point`` objects, in sweep order.
-        verdict: the ``conveyor.tune.Verdict`` of those points.
+        points: ``conveyor.tools.tune.Point`` objects, in sweep order.
+        verdict: the ``conveyor.tools.tune.Verdict`` of those points.
         title: the chart's title.
         cores: the reference line (default: ``os.cpu_count()``).
     """
