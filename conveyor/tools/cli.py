@@ -32,6 +32,7 @@ import sys
 from typing import Any, Sequence
 
 from conveyor.errors import ConveyorError, SpecErrors
+from conveyor.pack import add_parser as add_pack_parser
 from conveyor.tools import bench_commands, check, reference, run, show
 from conveyor.tools._args import INTERRUPTED, UsageError
 from conveyor.tools.measure import batch_len
@@ -49,15 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_commands.add_parsers(sub)  # bench, tune
     show.add_parsers(sub)  # validate, show
     reference.add_parser(sub)  # conveyor ops [OP]: the reference, from the op registry
-
-    # --- conveyor pack (conveyor/pack/, another package's command): added when present ---
-    try:
-        from conveyor import pack
-    except ModuleNotFoundError as exc:
-        if exc.name != "conveyor.pack":
-            raise
-    else:
-        pack.add_parser(sub)
+    add_pack_parser(sub)  # conveyor pack SRC DST (conveyor/pack/)
     return parser
 
 
