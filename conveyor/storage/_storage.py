@@ -226,6 +226,7 @@ class Storage:
     def size(self, url: str) -> int:
         return int(self.call(url, "size"))
 
+    # -- listings and readers
     def glob_root(self, url: str) -> str:
         """The part of the glob ``url`` before its first wildcard, up to a ``/``, in the form
         ``glob`` gives its matches: every match starts with it and a ``/``."""

@@ -2,7 +2,7 @@
 
 Each function returns one ``<svg>`` element as text, self-contained (no scripts, no fonts
 fetched, no external references), so it can be written to a ``.svg`` file or inlined in the
-HTML report (conveyor/report.py). Text is escaped; numbers are rounded to 0.1 px.
+HTML report (conveyor/tools/report.py). Text is escaped; numbers are rounded to 0.1 px.
 
 Example:
     >>> svg = line_chart({"prefetch": [(0.0, 1.0), (1.0, 3.0)]}, title="queue", y_label="items")
