@@ -25,6 +25,8 @@ _EXT = {"jpeg": "jpg", "jpg": "jpg"}
 
 @dataclass(frozen=True)
 class Sample:
+    """One image to pack: where it is, its key (``<class>/<stem>``), extension and class number."""
+
     url: str
     key: str
     ext: str
