@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from conveyor.bench import reset_peak_rss, status_bytes  # noqa: F401 - reset_peak_rss re-exported
+from conveyor.tools.measure import reset_peak_rss, status_bytes  # noqa: F401 - reset_peak_rss re-exported
 from conveyor.image import random_resized_crop_box
 
 # ----- time ----------------------------------------------------------------------------------

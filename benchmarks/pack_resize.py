@@ -38,7 +38,7 @@ import _common as C  # noqa: E402
 
 from conveyor import load_graph  # noqa: E402
 from conveyor.pack import pack  # noqa: E402
-from conveyor.shrink import shrink, target_size  # noqa: E402
+from conveyor.pack import shrink, target_size  # noqa: E402
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -145,7 +145,7 @@ def run_spec(text: str, tmp: Path, max_seconds: float, bytes_per_item: float = 0
     """Items/s (and MB/s) of a spec, epoch after epoch until ``max_seconds``, and the cores
     each process used meanwhile."""
     from conveyor import load_graph
-    from conveyor.cli import batch_len
+    from conveyor.tools.measure import batch_len
 
     spec = tmp / "bench.yaml"
     spec.write_text(text)

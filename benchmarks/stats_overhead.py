@@ -52,7 +52,7 @@ from torchdata.nodes import BaseNode, IterableWrapper  # noqa: E402
 
 import conveyor.graphs.compile as compile_mod  # noqa: E402
 from conveyor import load_graph  # noqa: E402
-from conveyor.bench import batch_len  # noqa: E402
+from conveyor.tools.measure import batch_len  # noqa: E402
 from conveyor.graphs.instrument import BareCounted, Counted  # noqa: E402
 
 

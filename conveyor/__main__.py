@@ -2,6 +2,6 @@
 
 import sys
 
-from conveyor.cli import main
+from conveyor.tools.cli import main
 
 sys.exit(main())

@@ -27,6 +27,7 @@ import logging
 import threading
 from typing import Any
 
+from conveyor._refs import resolve_attr
 from conveyor.errors import SampleError
 
 log = logging.getLogger(__name__)
@@ -51,8 +52,6 @@ def open_dataset(ref: str, args: dict[str, Any] | None = None) -> Any:
     with _LOCK:
         if key in _OPEN:
             return _OPEN[key]
-        from conveyor.graphs.registry import resolve_attr
-
         target = resolve_attr(ref)
         if callable(target) and not _is_dataset(target):
             try:

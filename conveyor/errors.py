@@ -5,12 +5,15 @@ runs; it carries where (``path``, ``line``, ``col``) and what (``node``, ``op``,
 as attributes. ``SpecErrors`` gathers every mistake of one spec, since the compiler reports
 them all at once. ``StateError`` is a saved state that does not fit the graph it is loaded
 into. ``SampleError`` is one bad input item (a corrupt image, a line that is not JSON): it
-names the file and, where it has one, the line.
+names the file and, where it has one, the line. ``did_you_mean`` is the hint that messages
+naming a wrong choice end with (a param, a node, an op, a storage option).
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
+from typing import Iterable
 
 
 class ConveyorError(Exception):
@@ -73,3 +76,19 @@ class SampleError(ConveyorError):
 
 class SourceError(ConveyorError, FileNotFoundError):
     """A source that cannot be read at all (no file matches, no such bucket); names the URL."""
+
+
+_HINT_CHOICES = 300  # at most this many choices are compared (those nearest in length)
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice, or an empty string.
+
+    Comparing strings costs; with very many choices (a spec of thousands of nodes) only the
+    ``_HINT_CHOICES`` nearest in length are compared, so that hints stay cheap.
+    """
+    pool = [c for c in choices if isinstance(c, str)]
+    if len(pool) > _HINT_CHOICES:
+        pool = sorted(pool, key=lambda c: abs(len(c) - len(name)))[:_HINT_CHOICES]
+    close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""

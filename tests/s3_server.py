@@ -116,9 +116,9 @@ def clear_fs_cache() -> None:
         s3fs.S3FileSystem.clear_instance_cache()
     except ImportError:  # no s3fs: nothing cached
         pass
-    from conveyor import storage
+    from conveyor.storage import _storage
 
-    storage._SHARED.clear()  # the map functions' Storage (conveyor.storage.read_url)
+    _storage._SHARED.clear()  # the map functions' Storage (conveyor.storage.read_url)
 
 
 # ----- pytest fixtures (import them into a test module to use them) ------------------------

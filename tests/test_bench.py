@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import cli
-from conveyor.bench import fmt_bytes, nbytes, run_bench
+from conveyor.tools import cli
+from conveyor.tools.bench import run_bench
+from conveyor.tools.measure import nbytes
+from conveyor.tools.tables import fmt_bytes
 from conveyor.graphs.api import check_spec
 from planted_fns import planted_spec
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import cli
+from conveyor.tools import cli
 
 REPO = Path(__file__).resolve().parent.parent
 NUMBERS = "specs/numbers.yaml"
@@ -207,7 +207,7 @@ def test_fns_are_imported_from_the_current_folder_and_beside_the_spec(tmp_path):
     spec = tmp_path / "beside" / "s.yaml"
     spec.write_text("nodes:\n  src: {op: iterable, iterable: 'fns_beside:nums'}\n"
                     "  m: {op: map, fn: 'fns_here:double'}\n  b: {op: batch, size: 3}\noutput: b\n")
-    code = "import sys; from conveyor.cli import main; sys.exit(main())"
+    code = "import sys; from conveyor.tools.cli import main; sys.exit(main())"
     run = subprocess.run([sys.executable, "-P", "-c", code, "run", str(spec), "--epochs", "1"],
                          cwd=tmp_path / "here", capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr

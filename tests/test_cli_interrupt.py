@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from conveyor import cli
+from conveyor.tools import cli
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

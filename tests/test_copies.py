@@ -104,7 +104,7 @@ def test_copies_need_a_worker_shard_and_picklable_fns(tmp_path: Path) -> None:
 
 
 def test_show_tells_the_worker_copies(tmp_path: Path) -> None:
-    from conveyor.cli import show_text
+    from conveyor.tools.show import show_text
 
     text = show_text(check_spec(_spec(tmp_path, "{copies: 3, method: thread}")))
     assert "workers: 3 thread copies of the graph up to 'parse', merged round-robin" in text

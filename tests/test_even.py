@@ -115,7 +115,7 @@ def test_a_rank_that_runs_out_first_is_not_counted_as_cut(monkeypatch) -> None:
 
 
 def test_show_says_when_the_ranks_agree() -> None:
-    from conveyor.cli import show_text
+    from conveyor.tools.show import show_text
 
     text = show_text(check_spec(ROOT / "specs/text.yaml"))
     assert "ranks: agree on each epoch's last batch under torch.distributed (read, batch can give" in text

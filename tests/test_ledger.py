@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conveyor import cli, load_graph
+from conveyor import load_graph
+from conveyor.tools import cli
 from conveyor.nodes._skips import SkipLedger, gather, sample_id
 
 ROOT = Path(__file__).resolve().parent.parent

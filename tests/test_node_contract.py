@@ -116,7 +116,7 @@ def _tables() -> str:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from conveyor.pack_lmdb import pack_lmdb
+        from conveyor.pack import pack_lmdb
 
         out = tempfile.mkdtemp(prefix="contract-tables-")
         for f, n in (("a", 13), ("b", 8)):

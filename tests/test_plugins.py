@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import cli, load_graph
+from conveyor import load_graph
+from conveyor.tools import cli
 from conveyor.graphs import registry
 from resume_check import check_resume
 

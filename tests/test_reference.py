@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conveyor import cli, reference
+from conveyor.tools import cli, reference
 from conveyor.graphs.registry import builtin_op_names, get_op
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_docs_ops_md_is_generated_from_the_registry():
     written = (ROOT / "docs/ops.md").read_text(encoding="utf-8")
     assert written == reference.markdown(), \
-        "docs/ops.md is stale: regenerate it with `python -m conveyor.reference docs/ops.md`"
+        "docs/ops.md is stale: regenerate it with `python -m conveyor.tools.reference docs/ops.md`"
 
 
 @pytest.mark.parametrize("name", builtin_op_names())

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageStat
 
-from conveyor import tune
-from conveyor.plots import graph_svg, line_chart, tune_svg
-from conveyor.report import Timeline
+from conveyor.tools import tune
+from conveyor.tools.plots import graph_svg, line_chart, tune_svg
+from conveyor.tools.report import Timeline
 
 REPO = Path(__file__).resolve().parent.parent
 SVG = "{http://www.w3.org/2000/svg}"

@@ -15,7 +15,7 @@ import torch
 from torchdata.nodes import IterableWrapper
 
 from conveyor import SampleError, SourceError, load_graph
-from conveyor.cli import main as cli_main
+from conveyor.tools.cli import main as cli_main
 from conveyor.nodes.fetch import Fetch
 from conveyor.nodes.list_files import ListFiles
 from conveyor.nodes.read_tar import ReadTar
@@ -425,7 +425,7 @@ def test_a_cache_that_can_be_read_but_not_marked_used_still_serves(s3, tmp_path:
     def refuse(*args, **kwargs):
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr("conveyor.storage.os.utime", refuse)
+    monkeypatch.setattr("conveyor.storage._cache.os.utime", refuse)
     node = Fetch(ListFiles(url=f"{root}/*.JPEG"), cache=str(cache))
     assert [x["bytes"] for x in node] == first
     assert node.stats()["cache_hits"] == 20 and node.stats()["requests"] == 0

@@ -94,7 +94,7 @@ def test_node_param_overrides_reach_any_node_and_are_checked(tmp_path):
 
 
 def test_set_node_param_on_the_command_line(tmp_path):
-    from conveyor import cli
+    from conveyor.tools import cli
 
     assert cli.main(["validate", str(ROOT / "specs/numbers.yaml"), "--set", "parse.workers=3"]) == 0
     assert cli.main(["validate", str(ROOT / "specs/numbers.yaml"), "--set", "parse.workers=-1"]) == 1

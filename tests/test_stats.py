@@ -10,7 +10,8 @@ import pytest
 from torchdata.nodes import BaseNode, IterableWrapper
 
 import conveyor.graphs.compile as compile_mod
-from conveyor import cli, load_graph
+from conveyor import load_graph
+from conveyor.tools import cli
 from conveyor.graphs import instrument
 from conveyor.graphs.instrument import BareCounted, Counted
 from conveyor.nodes.shard import Shard

@@ -18,7 +18,7 @@ from conveyor.nodes.list_files import ListFiles
 from conveyor.nodes.list_lmdb import ListLmdb
 from conveyor.nodes.read_lmdb import ReadLmdb
 from conveyor.nodes.read_parquet import ReadParquet
-from conveyor.pack_lmdb import pack_lmdb
+from conveyor.pack import pack_lmdb
 from s3_server import moto_server, s3  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -356,7 +356,7 @@ def test_a_large_parquet_read_from_s3_is_split_into_requests_that_each_fit_the_t
         s3, tmp_path: Path, monkeypatch) -> None:
     """A column chunk is one read; read as one request, a chunk of hundreds of MB on a slow
     link outlasted the per-request timeout on every attempt."""
-    from conveyor.storage import _RangeReader
+    from conveyor.storage._readers import _RangeReader
 
     monkeypatch.setattr(_RangeReader, "CHUNK", 64 << 10)
     path = tmp_path / "wide.parquet"

@@ -111,7 +111,7 @@ def test_bad_lines_name_file_and_line_or_are_counted(tmp_path, line, why):
 
 
 def test_a_bad_line_or_file_names_the_reading_node_in_python_and_in_the_cli(tmp_path, write_spec, capsys):
-    from conveyor import cli
+    from conveyor.tools import cli
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import cli, load_graph
+from conveyor import load_graph
+from conveyor.tools import cli
 from conveyor.graphs import instrument
-from conveyor.trace import TraceRecorder
+from conveyor.tools.trace import TraceRecorder
 
 REPO = Path(__file__).resolve().parent.parent
 NODES = ["files", "shard", "shuffle", "parse", "batch", "collate", "out"]

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conveyor import ConveyorError, StateError, load_graph
-from conveyor.cli import main as cli_main
 from conveyor.graphs.state import rank_states
+from conveyor.tools.cli import main as cli_main
 from resume_check import fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conveyor import cli, tune
+from conveyor.tools import cli, tune
 from conveyor.graphs.api import read_spec
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,14 +20,13 @@ An override whose key is ``NODE.PARAM`` (``--set decode.workers=4``,
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from typing import Any, Iterable, Mapping
 
 import yaml
 
-from conveyor.errors import SpecError
+from conveyor.errors import SpecError, did_you_mean
 
 _REF = re.compile(r"\$\{([^{}]*)\}")  # innermost first: ${env:A,${spec_dir}/x} nests
 _NUMBER = re.compile(r"[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?")
@@ -68,22 +67,6 @@ def builtin_params(spec_path: str) -> dict[str, Any]:
     if spec_path.startswith("<") or not spec_path:
         return {SPEC_DIR: os.getcwd()}
     return {SPEC_DIR: os.path.dirname(os.path.abspath(spec_path))}
-
-
-_HINT_CHOICES = 300  # at most this many choices are compared (those nearest in length)
-
-
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest choice, or an empty string.
-
-    Comparing strings costs; with very many choices (a spec of thousands of nodes) only the
-    ``_HINT_CHOICES`` nearest in length are compared, so that hints stay cheap.
-    """
-    pool = [c for c in choices if isinstance(c, str)]
-    if len(pool) > _HINT_CHOICES:
-        pool = sorted(pool, key=lambda c: abs(len(c) - len(name)))[:_HINT_CHOICES]
-    close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def parse_set(pairs: Iterable[str], declared: Mapping[str, Any] | None = None) -> dict[str, Any]:

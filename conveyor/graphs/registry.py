@@ -20,6 +20,7 @@ import typing
 from importlib import metadata
 from typing import Any, Callable
 
+from conveyor._refs import resolve_attr
 from conveyor.errors import ConveyorError
 from conveyor.graphs.opspec import Fn, Inputs, OpSpec, param  # noqa: F401 - re-exported: plug-ins import them here
 
@@ -139,32 +140,6 @@ def resolve_fn(ref: Any) -> Callable:
     obj = resolve_attr(ref)
     if not callable(obj):
         raise ValueError(f"{ref!r} is not callable")
-    return obj
-
-
-def resolve_attr(ref: Any) -> Any:
-    """Import what ``module:attr`` names (``attr`` may be dotted), callable or not.
-
-    Raises:
-        ValueError: with what went wrong (bad form, module missing, attribute missing).
-    """
-    if not isinstance(ref, str) or ":" not in ref:
-        raise ValueError(f"expected a callable named 'module:attr', got {ref!r}")
-    module_name, _, attr = ref.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module '{module_name}' for {ref!r}: {exc}") from None
-    except Exception as exc:  # the module exists but fails while importing (a bug in user code)
-        raise ValueError(f"importing module '{module_name}' for {ref!r} failed: "
-                         f"{type(exc).__name__}: {exc}") from None
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            names = [n for n in dir(obj) if not n.startswith("_")]
-            from conveyor.graphs.params import did_you_mean
-
-            raise ValueError(f"module '{module_name}' has no attribute '{attr}'" + did_you_mean(part, names))
-        obj = getattr(obj, part)
     return obj
 
 

@@ -48,8 +48,7 @@ from torchdata.nodes import BaseNode
 from conveyor.errors import ConveyorError, SampleError, SourceError
 from conveyor.nodes._tar import BLOCK, OpenTar, sample_problem
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
-from conveyor.storage import RetryPolicy, Storage, redact
-from conveyor.storage_errors import NOT_FOUND, classify
+from conveyor.storage import NOT_FOUND, RetryPolicy, Storage, classify, redact
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ params a state survives a change of: ``length``, ``keeps_count``, ``safe_params`
 (a built-in, or a plug-in through the ``conveyor.ops`` entry points) is in the reference with
 nothing else to write. docs/ops.md holds the built-in ops; regenerate it with
 
-    python -m conveyor.reference docs/ops.md
+    python -m conveyor.tools.reference docs/ops.md
 
 (a test fails when it is stale).
 """
@@ -134,7 +134,7 @@ def markdown(names: Sequence[str] | None = None) -> str:
     """docs/ops.md: an index, then a section per op (default: the built-in ops)."""
     names = list(names) if names is not None else builtin_op_names()
     out = ["# Ops reference", "",
-           "<!-- Generated from the op registry by `python -m conveyor.reference docs/ops.md`: do not edit. -->",
+           "<!-- Generated from the op registry by `python -m conveyor.tools.reference docs/ops.md`: do not edit. -->",
            "",
            "Every node of a spec is `name: {op: OP, input: ..., params...}`. The same text is printed by",
            "`conveyor ops` (one line per op, installed plug-ins included) and `conveyor ops OP`.", "",
@@ -169,7 +169,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
     try:
         print(op_text(args.op))
     except KeyError:
-        from conveyor.graphs.params import did_you_mean
+        from conveyor.errors import did_you_mean
 
         known = op_names()
         print(f"conveyor: no op '{args.op}'" + (did_you_mean(args.op, known) or f"; ops: {', '.join(known)}"),
@@ -186,7 +186,7 @@ def add_parser(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m conveyor.reference [PATH]``: write docs/ops.md (or print it)."""
+    """``python -m conveyor.tools.reference [PATH]``: write docs/ops.md (or print it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     text = markdown()
     if not argv:

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from conveyor.graphs.compile import compile_plan, topological
 from conveyor.graphs.loader import Loader
 from conveyor.graphs.validate import Plan
+from conveyor.tools._args import add_spec_args, checked_plan
 
 
 
@@ -120,13 +121,19 @@ def summary(result: CheckResult, spec: str) -> str:
     return "\n".join(lines)
 
 
-def add_parser(subparsers: Any, common: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``conveyor check`` to the CLI's subcommands."""
     p = subparsers.add_parser("check", help="run every sample of one epoch through the readers and maps; "
                                             "write the ledger of what fails")
-    common(p)
+    add_spec_args(p)
     p.add_argument("--out", metavar="FILE", default="skipped.jsonl",
                    help="where the ledger goes, one JSON object a line (default: skipped.jsonl)")
+    p.set_defaults(func=cmd_check)
     return p
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    return run(args, checked_plan(args))
 
 
 def run(args: argparse.Namespace, plan: Plan) -> int:

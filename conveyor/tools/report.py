@@ -26,8 +26,10 @@ import time
 from html import escape
 from typing import Any, Sequence
 
-from conveyor.bench import NODE_COLUMNS, BenchResult, fmt_bytes, node_cells, node_table, pct, status_bytes
-from conveyor.plots import graph_svg, line_chart, tune_svg
+from conveyor.tools.bench import BenchResult
+from conveyor.tools.measure import status_bytes
+from conveyor.tools.plots import graph_svg, line_chart, tune_svg
+from conveyor.tools.tables import NODE_COLUMNS, fmt_bytes, node_cells, node_table, pct
 
 __all__ = ["Timeline", "render_report", "write_report"]
 
@@ -165,7 +167,7 @@ def render_report(result: BenchResult, timeline: Timeline | None = None, *, orde
         timeline: what a ``Timeline`` sampled during the same run.
         order: node names in topological order (default: the order of ``result.nodes``).
         inputs: each node's inputs, for the drawing (default: none drawn).
-        tune: ``(points, verdict)`` from ``conveyor.tune``, drawn as the tune curve.
+        tune: ``(points, verdict)`` from ``conveyor.tools.tune``, drawn as the tune curve.
         title: the page's heading.
     """
     d = result.drive
@@ -218,7 +220,7 @@ def render_report(result: BenchResult, timeline: Timeline | None = None, *, orde
     parts += ["<h2>Memory</h2>", _memory_html(result, timeline)]
     if tune is not None:
         points, verdict = tune
-        from conveyor.tune import format_curve
+        from conveyor.tools.tune import format_curve
 
         parts += ["<h2>Tune curve</h2>", tune_svg(points, verdict, title="samples/s by setting"),
                   f"<p id='tune-verdict'>{escape(verdict.sentence)}.</p>",

@@ -18,7 +18,7 @@ import shutil
 from typing import Any
 
 from conveyor.errors import ConveyorError
-from conveyor.pack import _ordered_reads, list_samples
+from conveyor.pack._samples import list_samples, ordered_reads
 from conveyor.storage import RetryPolicy, Storage, is_local, redact
 
 COMMIT_EVERY = 512  # images per write transaction
@@ -72,7 +72,7 @@ def pack_lmdb(src: str, dst: str, *, concurrency: int = 16, overwrite: bool = Fa
         total = 0
         try:
             txn = env.begin(write=True)
-            for i, (s, data) in enumerate(_ordered_reads(storage, samples, concurrency)):
+            for i, (s, data) in enumerate(ordered_reads(storage, samples, concurrency)):
                 name = s.url.rsplit("/", 1)[-1]
                 if transform is not None:
                     data = transform(data, name)

@@ -13,12 +13,17 @@ node (and each map's ``fn``) records at most ``per_node`` spans and at most its 
 Example:
     >>> rec = TraceRecorder()                      # doctest: +SKIP
     >>> rec.attach(loader); list(loader); rec.write("trace.json")
+
+``trace_recorder`` and ``write_trace`` are ``--trace FILE`` for the commands that take it
+(``conveyor run``, ``conveyor bench``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -120,3 +125,19 @@ class TraceRecorder:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(events, f, separators=(",", ":"))
         return len(self.spans)
+
+
+def trace_recorder(args: argparse.Namespace) -> TraceRecorder | None:
+    """A recorder for ``--trace FILE``, or None when the command was not given one."""
+    if not getattr(args, "trace", None):
+        return None
+    return TraceRecorder()
+
+
+def write_trace(recorder: TraceRecorder, path: str) -> None:
+    """Stop recording and write the trace to ``path``, saying so on stderr."""
+    recorder.detach()
+    n = recorder.write(path)
+    print(f"trace: {n} spans written to {path} (open it in ui.perfetto.dev or chrome://tracing)",
+          file=sys.stderr)
+

@@ -76,64 +76,6 @@ def redact(text: str, storage_options: dict[str, Any] | None = None) -> str:
     return _URL_PASSWORD.sub(r"\1:***@", text)
 
 
-# ----- storage_options that the filesystem cannot take ------------------------------------
-
-# s3fs hands every option it does not name to aiobotocore's session, which fails with a
-# TypeError deep in the first request; these are all the names that chain accepts.
-_FSSPEC_OPTIONS = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths",
-                   "batch_size", "asynchronous", "loop")
-
-
-def _parameters(*refs: str) -> set[str]:
-    import importlib
-    import inspect
-
-    names: set[str] = set()
-    for ref in refs:
-        module, _, attr = ref.partition(":")
-        try:
-            obj: Any = importlib.import_module(module)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-            params = inspect.signature(obj).parameters.values()
-        except (ImportError, AttributeError, TypeError, ValueError):  # not installed: nothing to check
-            return set()
-        names |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return names - {"self"}
-
-
-_KNOWN: dict[str, set[str]] = {}
-
-
-def known_options(protocol: str) -> set[str]:
-    """The ``storage_options`` the filesystem of ``protocol`` takes, where that is known (S3);
-    an empty set where it is not (then nothing is checked)."""
-    if protocol not in ("s3", "s3a"):
-        return set()
-    if "s3" not in _KNOWN:
-        names = _parameters("s3fs:S3FileSystem.__init__", "aiobotocore.session:AioSession.__init__")
-        _KNOWN["s3"] = names | set(_FSSPEC_OPTIONS) if names else set()
-    return _KNOWN["s3"]
-
-
-def unknown_options(protocol: str, options: Any) -> list[tuple[str, str]]:
-    """``(key, hint)`` for each key of ``options`` that the filesystem of ``protocol`` does not
-    take; ``hint`` is a did-you-mean (or the list of what it takes)."""
-    from conveyor.graphs.params import did_you_mean
-
-    known = known_options(protocol)
-    if not known or not isinstance(options, dict):
-        return []
-    out = []
-    for key in options:
-        if key not in known:
-            main = [k for k in sorted(known) if k in ("key", "secret", "token", "endpoint_url", "anon",
-                                                      "client_kwargs", "config_kwargs", "profile")]
-            out.append((str(key), did_you_mean(str(key), sorted(known))
-                        or f"; it takes {', '.join(main)}, ..."))
-    return out
-
-
 # ----- error kinds ------------------------------------------------------------------------
 
 def _chain(exc: BaseException) -> list[BaseException]:

@@ -2,7 +2,7 @@
 
 Each function returns one ``<svg>`` element as text, self-contained (no scripts, no fonts
 fetched, no external references), so it can be written to a ``.svg`` file or inlined in the
-HTML report (conveyor/report.py). Text is escaped; numbers are rounded to 0.1 px.
+HTML report (conveyor/tools/report.py). Text is escaped; numbers are rounded to 0.1 px.
 
 Example:
     >>> svg = line_chart({"prefetch": [(0.0, 1.0), (1.0, 3.0)]}, title="queue", y_label="items")
@@ -64,8 +64,8 @@ def tune_svg(points: Sequence[Any], verdict: Any, *, title: str = "", cores: int
     as a dashed reference line; otherwise the settings stand side by side in their order.
 
     Args:
-        points: ``conveyor.tune.Point`` objects, in sweep order.
-        verdict: the ``conveyor.tune.Verdict`` of those points.
+        points: ``conveyor.tools.tune.Point`` objects, in sweep order.
+        verdict: the ``conveyor.tools.tune.Verdict`` of those points.
         title: the chart's title.
         cores: the reference line (default: ``os.cpu_count()``).
     """

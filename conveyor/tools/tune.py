@@ -182,7 +182,7 @@ def knee(points: Sequence[Point], tolerance: float = TOLERANCE) -> Point:
 def measure_loader(seconds: float, warmup: float) -> Measure:
     """The real measurement: a fresh loader, a warm-up, then at least ``seconds``."""
     def measure(plan: Plan, params: Mapping[str, Any]) -> tuple[float, float, float]:
-        from conveyor.bench import drive
+        from conveyor.tools.measure import drive
         from conveyor.graphs.compile import compile_plan
         from conveyor.graphs.loader import Loader
 
