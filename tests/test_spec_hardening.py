@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 import conveyor
-from conveyor import SpecErrors, cli
+from conveyor import SpecErrors
+from conveyor.tools import cli
 from conveyor.graphs.validate import MAX_NODES
 from conveyor.graphs.yaml_loader import MAX_SPEC_BYTES, load_yaml
 

@@ -129,7 +129,7 @@ class Counted(BaseNode):
         # call the inner node's next() directly: its BaseNode.__next__ only checks that it was
         # reset, and this node's reset() resets it (a node with its own __next__ keeps it)
         self._direct = inner.next if type(inner).__next__ is BaseNode.__next__ else inner.__next__
-        many = getattr(inner, "next_many", None)  # items in lists (nodes/_chunks.py)
+        many = getattr(inner, "next_many", None)  # items in lists (nodes/capabilities.py)
         self._many: Callable[[int], list] = many if many is not None else partial(pull, self._direct)
         self._n = 0
         self.items_before = 0  # items of the epochs before this one (for a lifetime count)
@@ -247,7 +247,7 @@ class Counted(BaseNode):
     next = __next__
 
     def next_many(self, n: int) -> list:
-        """Up to ``n`` items in one call (nodes/_chunks.py), counted as items and timed as one
+        """Up to ``n`` items in one call (nodes/capabilities.py), counted as items and timed as one
         call; item by item while a watcher or a profiler wants every item."""
         if self._hook is not None or (_profiler._is_profiler_enabled and self.range_name is not None):
             return pull(self.__next__, n)

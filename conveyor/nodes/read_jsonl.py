@@ -62,7 +62,8 @@ from fsspec.utils import infer_compression
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import ConveyorError, SampleError
-from conveyor.nodes._line_files import READ_ERRORS, compression_problem, encoding_problem, open_zip, parse_line
+from conveyor._line_files import (BLOCK, READ_ERRORS, compression_problem, encoding_problem, first_block_problem,
+                                  open_zip, parse_line)
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 from conveyor.storage import RetryPolicy, Storage, is_local, redact
 
@@ -73,7 +74,6 @@ except ImportError:  # pragma: no cover - orjson is a dependency, but stay usabl
 
 log = logging.getLogger(__name__)
 
-BLOCK = 1 << 20  # bytes read at a time
 NESTED = 256     # lines with this many brackets are parsed by the standard library (see _fast_record)
 FORMATS = ("jsonl", "lines")
 ON_ERROR = ("raise", "skip")
@@ -251,15 +251,7 @@ class ReadJsonl(BaseNode[dict]):
             return False
         if self._sniff:  # the first block of a file (no seek: an HTTP stream cannot)
             self._sniff = False
-            problem = compression_problem(self._path, data[:8])
-            # a tar header's magic, POSIX or GNU (with a NUL no line of text holds)
-            if problem is None and (data[257:263] == b"ustar\x00" or data[257:265] == b"ustar  \x00"):
-                problem = ("it is a tar archive, whose headers and padding would be read as lines "
-                           "of its files; extract its files and list them")
-            # UTF-16's byte order mark (PowerShell 5's > writes it), never the start of UTF-8 text
-            if problem is None and self._utf8 and data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-                problem = ("it is UTF-16 text (it starts with UTF-16's byte order mark), whose lines cannot be "
-                           "cut at the newline byte; convert it to UTF-8")
+            problem = first_block_problem(self._path, data, self._utf8)
             if problem:
                 self._close_file()
                 raise self._error(f"read_jsonl: cannot read {self._path}: {problem}")
