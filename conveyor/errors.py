@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 
 class ConveyorError(Exception):
@@ -92,3 +92,13 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
         pool = sorted(pool, key=lambda c: abs(len(c) - len(name)))[:_HINT_CHOICES]
     close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def check_message(check: Callable[[], Any]) -> str | None:
+    """The message of the ``ValueError`` or ``TypeError`` that ``check()`` raises, or None:
+    how a fn's ``check_args`` turns the checks its fn runs on its args into spec problems."""
+    try:
+        check()
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None

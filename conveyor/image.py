@@ -65,6 +65,7 @@ from typing import Any
 import torch
 
 import conveyor._pixels as px
+from conveyor.errors import check_message
 from conveyor._image_geometry import (_WHOLE_MAX, _crop_resize, _draft_scale, _range,  # noqa: F401
                                       _resize_center_crop, _resize_geometry, _size_hw, _slot, _to_tensor)
 from conveyor._image_record import _read_bytes, _read_path, _result, _sample_error, _where  # noqa: F401
@@ -315,25 +316,18 @@ def normalize(
 # --- what each fn declares (conveyor/graphs/fn_args.py): its args' rules, checked with the spec
 
 
-def _first_error(check: Callable[[], Any]) -> str | None:
-    try:
-        check()
-    except (ValueError, TypeError) as exc:
-        return str(exc)
-    return None
-
 
 def _crop_rules(args: Mapping[str, Any], *, resize: bool) -> list[tuple[str, str]]:
     """``size`` (and ``scale``/``ratio`` for a train crop, ``resize`` for an eval crop), checked
     by the helpers the fns use."""
     problems: list[tuple[str, str]] = []
     size = args.get("size", 224)
-    message = _first_error(lambda: _size_hw(size, "size"))
+    message = check_message(lambda: _size_hw(size, "size"))
     if message:
         problems.append(("size", message))
     for name in ("scale", "ratio"):
         if name in args and not resize:
-            message = _first_error(lambda: _range(args[name], name))
+            message = check_message(lambda: _range(args[name], name))
             if message:
                 problems.append((name, message))
     if resize and "resize" in args and not problems:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 import glob as _glob
 import itertools
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import fsspec
 import numpy as np
@@ -53,7 +53,7 @@ import torch
 from conveyor._text_ids import (CARRIED, ID_DTYPES, ROW, _assemble, _byte_batch, _byte_dtype,  # noqa: F401
                                 _check_max_length, _check_unicode, _hf_dtype, _hf_specials, _out, _outs,
                                 _text, _tokenizers, _utf8, _views, _vocab_ids, _where, ids_dtype)
-from conveyor.errors import SampleError
+from conveyor.errors import SampleError, check_message
 
 BOS_ID = 256
 EOS_ID = 257
@@ -317,18 +317,11 @@ def train_tokenizer(files: str | Iterable[str], path: str, *, vocab_size: int = 
 
 # ----- what each fn declares (conveyor/graphs/fn_args.py): its args' rules, checked with the spec
 
-def _first_error(check: Callable[[], Any]) -> str | None:
-    try:
-        check()
-    except (ValueError, TypeError) as exc:
-        return str(exc)
-    return None
-
 
 def _max_length_rule(args: Mapping[str, Any], specials: int) -> list[tuple[str, str]]:
     if "max_length" not in args:
         return []
-    message = _first_error(lambda: _check_max_length(args["max_length"], specials))
+    message = check_message(lambda: _check_max_length(args["max_length"], specials))
     return [("max_length", message)] if message else []
 
 
@@ -336,7 +329,7 @@ def _byte_rules(args: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``max_length`` leaves room for the specials; ``dtype`` holds every id."""
     problems = _max_length_rule(args, bool(args.get("add_bos")) + bool(args.get("add_eos")))
     if "dtype" in args:
-        message = _first_error(lambda: _byte_dtype(
+        message = check_message(lambda: _byte_dtype(
             args["dtype"], bool(args.get("add_bos")), bool(args.get("add_eos")),
             args.get("bos_id", BOS_ID), args.get("eos_id", EOS_ID)))
         if message:
