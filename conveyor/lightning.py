@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from conveyor.graphs.distributed import every_rank_state, world_size
 from conveyor.graphs.loader import Loader
 
 try:
@@ -51,7 +52,7 @@ class ExactResume(Callback):
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         loop = trainer.fit_loop
         held = len(getattr(getattr(loop, "_data_fetcher", None), "batches", None) or ())
-        world = _world()
+        world = world_size()
         if not held and world <= 1:
             return  # nothing read ahead, and this process's checkpoint is the only one: exact
         try:
@@ -72,7 +73,7 @@ class ExactResume(Callback):
                     except ValueError as exc:  # more held than kept (a loader that began another epoch)
                         self._warn(str(exc))
                 if world > 1:  # every rank saves (the same loaders), so every rank gathers here
-                    states[i] = _every_rank(states[i])
+                    states[i] = every_rank_state(states[i])
 
     def _warn(self, why: str) -> None:
         if not self._warned:
@@ -80,23 +81,3 @@ class ExactResume(Callback):
             log.warning("conveyor.lightning.ExactResume: %s; the checkpoint keeps the loader's current "
                         "state, past the batches Lightning read ahead (said once)", why)
 
-
-def _world() -> int:
-    try:
-        import torch.distributed as dist
-
-        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    except ImportError:
-        return 1
-
-
-def _every_rank(state: dict[str, Any]) -> dict[str, Any]:
-    """Every rank's entries of a loader state, merged into one dict (a collective)."""
-    import torch.distributed as dist
-
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, state)
-    merged = dict(state)
-    for one in gathered:
-        merged.update({k: v for k, v in one.items() if k.startswith("rank")})
-    return merged

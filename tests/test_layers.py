@@ -3,7 +3,7 @@ none runs up, and no modules import each other in a circle.
 
 Bottom -> top: 0 errors, 1 storage, 2 fns (image, _pixels, text, files, dataset and the private
 root modules beside them), 3 nodes, 4 graphs, 5 pack and tools, 6 the face (``__init__``,
-``__main__``, ``lightning``). A module imports only its own layer or those below it.
+``__main__``, ``lightning``, ``hf``). A module imports only its own layer or those below it.
 
 Every import counts, at any depth (inside functions too): ``import conveyor.x.y``,
 ``from conveyor.x import y`` (the module ``conveyor.x.y`` where there is one, else
@@ -34,7 +34,7 @@ LAYER_OF = {
     "nodes": NODES,
     "graphs": GRAPHS,
     "pack": TOOLS, "tools": TOOLS,
-    "__main__": FACE, "lightning": FACE,
+    "__main__": FACE, "lightning": FACE, "hf": FACE,
 }
 
 # Imports that run upward and are known: none. (file, module imported) pairs would go here

@@ -6,7 +6,8 @@ RANK, and sets WORLD_SIZE in the first process only inside ``fit``; ``mp.spawn``
 A loader built before ``init_process_group`` was then rank 0 of the wrong world on every
 process: the ranks read the same share (or all of it) and DDP's all-reduces went out of step.
 ``world_moved`` tells the loader when to build its graph again (while nothing was taken or
-loaded) or refuses to go on.
+loaded) or refuses to go on. ``every_rank_state`` gathers every rank's loader state into one,
+for trainers that write the checkpoint of one process only (Lightning, HF Trainer, accelerate).
 
 Where the graph runs on several ranks, ``Ranks`` holds what they do together: they agree on
 each epoch's last batch (``conveyor/graphs/even.py``) and compare their listings through the
@@ -16,6 +17,7 @@ process group's store (``conveyor/graphs/listings.py``).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from conveyor.errors import ConveyorError
 from conveyor.graphs.compile import Compiled
@@ -33,6 +35,32 @@ def dist_ready() -> bool:
         return dist.is_available() and dist.is_initialized()
     except ImportError:
         return False
+
+
+def world_size() -> int:
+    """torch.distributed's world size, or 1 where it is not initialised."""
+    if not dist_ready():
+        return 1
+    import torch.distributed as dist
+
+    return dist.get_world_size()
+
+
+def every_rank_state(state: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's entries of a loader state (``Loader.state_dict()``) merged into one dict, on
+    every rank: a collective that every rank calls (``all_gather_object``). Each rank of the
+    resumed run takes its own entry from it; a run on another world size resumes elastically.
+    Without torch.distributed (one process) it is ``state`` itself."""
+    if world_size() <= 1:
+        return state
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, state)
+    merged = dict(state)
+    for one in gathered:
+        merged.update({k: v for k, v in one.items() if k.startswith("rank") and k[4:].isdigit()})
+    return merged
 
 
 def world_moved(compiled: Compiled, used: bool) -> bool:

@@ -207,7 +207,9 @@ class States:
                              f"old run to resume elastically{_DCP_HINT}"
                              + ("; Lightning writes rank 0's checkpoint only: add "
                                 "conveyor.lightning.ExactResume() to the trainer's callbacks to keep "
-                                "every rank's state in it" if one_rank else ""))
+                                "every rank's state in it (the HF Trainer: conveyor.hf.ExactResume; "
+                                "accelerate's save_state: register conveyor.hf.EveryRank(loader))"
+                                if one_rank else ""))
         saved_w, now_w = state.get("workers") or {}, self.summary["workers"] or {}
         saved_until = saved_w.get("until") if saved_w.get("copies", 1) > 1 else None
         now_until = now_w.get("until") if now_w.get("copies", 1) > 1 else None
