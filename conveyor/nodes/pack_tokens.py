@@ -288,7 +288,7 @@ class PackTokens(BaseNode[dict]):
     def next(self) -> dict:
         while self._rows is None or self._i >= len(self._rows):
             if self._rows is not None:  # that pool is all out: the next begins here
-                self._start, self._pool_no, self._rows = self._after, self._pool_no + 1, None
+                self._start, self._pool_no, self._rows, self._i = self._after, self._pool_no + 1, None, 0
             self._load()
             if self._rows is None:
                 raise StopIteration
