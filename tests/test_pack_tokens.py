@@ -251,3 +251,22 @@ def test_in_a_spec_rows_batch_and_collate_and_bad_params_name_their_line(write_s
             check_spec(write_spec(SPEC % bad))
         (err,) = [e for e in info.value.errors if e.node == "pack"]
         assert err.param == param and message in err.message and err.line == 5, err
+
+
+def test_pretrain_on_another_world_size_is_a_state_error_naming_pack(monkeypatch):
+    """Which documents a pool's rows hold is known only by packing it again: not elastic."""
+    from conveyor import load_graph
+
+    states = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with load_graph(ROOT / "specs/pretrain.yaml", seq_len=256) as loader:
+            next(iter(loader))
+            states.append(json.loads(json.dumps(loader.state_dict())))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with load_graph(ROOT / "specs/pretrain.yaml", seq_len=256) as loader:
+        with pytest.raises(StateError, match=r"node 'pack' \(pack_tokens\) from .*pretrain.yaml:\d+ cannot be "
+                                             r"resumed on another world size.*packing the pool again"):
+            loader.load_state_dict(states)
