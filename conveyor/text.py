@@ -348,3 +348,22 @@ hf_tokenize.check_args = _hf_check_args  # type: ignore[attr-defined]
 for _fn in (byte_tokenize, vocab_tokenize, hf_tokenize):
     _fn.per_sample = True  # type: ignore[attr-defined]  # one record in, one sample out (a list: a list)
 del _fn
+
+
+def varlen_cu_seqlens(cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A batch of ``pack_tokens`` rows' ``cu_seqlens`` ([B, W], each row ``0, ..., seq_len``
+    then ``seq_len`` repeated) as flash-attention's varlen form over the flattened batch
+    ([B * seq_len] tokens): one int32 vector of boundaries with the rows' offsets added, and
+    the longest segment (``max_seqlen``), what ``flash_attn_varlen_func`` takes.
+
+    Example:
+        >>> cu = torch.tensor([[0, 3, 4, 4], [0, 2, 4, 4]], dtype=torch.int32)
+        >>> flat, longest = varlen_cu_seqlens(cu)
+        >>> flat.tolist(), longest
+        ([0, 3, 4, 6, 8], 3)
+    """
+    rows, _ = cu_seqlens.shape
+    seq_len = int(cu_seqlens[0, -1])
+    offsets = torch.arange(rows, dtype=torch.int32).unsqueeze(1) * seq_len
+    flat = torch.unique_consecutive((cu_seqlens.to(torch.int32) + offsets).reshape(-1))
+    return flat, int((flat[1:] - flat[:-1]).max()) if len(flat) > 1 else 0

@@ -141,3 +141,13 @@ def test_bench_usage_errors(capsys, monkeypatch):
     assert cli.main(["bench", "specs/numbers.yaml", "--set", "batch_sise=3"]) == 1
     assert "did you mean 'batch_size'" in capsys.readouterr().err
 
+
+
+def test_bench_shows_the_padding_of_packed_rows(capsys, monkeypatch):
+    """pack_tokens counts real and padded tokens as pad_collate does; bench prints the waste."""
+    from conveyor.tools import cli
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    assert cli.main(["bench", "specs/pretrain.yaml", "--seconds", "1", "--set", "seq_len=256"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"padding: pack \(pack_tokens\) \d+\.\d\d % of its [\d,]+ tokens are padding", out), out

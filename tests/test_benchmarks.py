@@ -30,6 +30,7 @@ RUNS = {
     "state_cost": (["--rounds", "1", "--files", "50"], "|---"),
     "text_throughput": (["--rounds", "1", "--epochs", "1", "--no-hf"], "|---"),
     "padding": (["--repeats", "1", "--epochs", "1"], "buckets, max_tokens, pool 8 (spec)"),
+    "packing": (["--docs", "600", "--pool", "200"], "|---"),
     "parquet_vs_jsonl": (["--rows", "2000", "--rounds", "1", "--epochs", "1"], "|---"),
     "threads_breakdown": (["--count", "64", "--rounds", "1", "--epochs", "1", "--quiet-wait", "0"], "|---"),
     "camera_breakdown": (["--images", "2", "--samples", "4", "--repeats", "1"], "|---"),

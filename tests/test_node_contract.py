@@ -85,6 +85,19 @@ def _text_chain_batched() -> BaseNode:
     return PadCollate(bb, fields=["input_ids"])
 
 
+def _packed(algorithm: str) -> BaseNode:
+    """One file of the text sample, shuffled, byte-tokenized and packed (a short last pool)."""
+    from conveyor.nodes.map_batches import MapBatches
+    from conveyor.nodes.pack_tokens import PackTokens
+    from conveyor.nodes.read_jsonl import ReadJsonl
+    from conveyor.text import byte_tokenize
+
+    one_file = TEXT.replace("*.jsonl", "part-0001.jsonl")
+    read = ShuffleBuffer(ReadJsonl(ListFiles(url=one_file), field="text"), size=50, seed=2)
+    tok = MapBatches(read, fn=byte_tokenize, size=16, args={"dtype": "uint8"})
+    return PackTokens(tok, seq_len=512, algorithm=algorithm, pool=300, seed=4)
+
+
 def _tens(items: list) -> list:
     return [x * 10 for x in items]
 
@@ -172,6 +185,8 @@ CHAINS: dict[str, Callable[[], BaseNode]] = {
     "worker_copies_threads": lambda: WorkerCopies(_copy, copies=2, method="thread"),
     "text_chain": _text_chain,
     "text_chain_map_batches": _text_chain_batched,
+    "pack_tokens_best_fit": lambda: _packed("best_fit"),
+    "pack_tokens_first_fit": lambda: Batch(_packed("first_fit"), size=3),
     "map_batches_inline": lambda: _map_batches(ShuffleBuffer(_files(), size=5), size=3),
     "map_batches_threads": lambda: _map_batches(_files(), size=4, workers=2),
     "fetch": lambda: _fetch(concurrency=4),

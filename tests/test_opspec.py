@@ -88,7 +88,7 @@ def test_the_facts_that_replaced_the_tables_of_op_names():
         "batch", "collate", "pad_collate", "pin_memory", "prefetch", "shuffle_buffer", "to_device"]
     assert having(lambda op: op.keeps_count == "unless_skipping") == ["fetch", "map"]
     assert having(lambda op: op.per_record is not False) == [
-        "fetch", "filter", "list_files", "list_lmdb", "map", "mix", "pin_memory", "prefetch", "read_jsonl",
+        "fetch", "filter", "list_files", "list_lmdb", "map", "mix", "pack_tokens", "pin_memory", "prefetch", "read_jsonl",
         "read_lmdb", "read_parquet", "read_tar", "shard", "shuffle_buffer", "to_device"]
     assert having(lambda op: op.writes_rows) == ["map"]
     assert having(lambda op: op.batch_rows is not None) == ["batch"]

@@ -27,7 +27,7 @@ SMALL = {
     "numbers.yaml": {"batch_size": 3},
 }
 UNKNOWN_LENGTH = {"balanced.yaml": "node 'mixed' (mix)", "text.yaml": "node 'read' (read_jsonl)",
-                  "imagenet-shards.yaml": "node 'samples' (read_tar)"}
+                  "imagenet-shards.yaml": "node 'samples' (read_tar)", "pretrain.yaml": "node 'read' (read_jsonl)"}
 PLAIN = {dict, list, str, int, float, bool, type(None)}
 
 

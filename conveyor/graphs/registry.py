@@ -38,6 +38,7 @@ _BUILTIN: dict[str, str] = {
     "list_lmdb": "conveyor.graphs.ops_tables:LIST_LMDB",
     "map": "conveyor.graphs.ops_map:MAP",
     "mix": "conveyor.graphs.ops:MIX",
+    "pack_tokens": "conveyor.graphs.ops_pack:PACK_TOKENS",
     "pad_collate": "conveyor.graphs.ops_text:PAD_COLLATE",
     "pin_memory": "conveyor.graphs.ops:PIN_MEMORY",
     "prefetch": "conveyor.graphs.ops:PREFETCH",

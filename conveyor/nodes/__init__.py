@@ -39,6 +39,7 @@ from conveyor.nodes.list_lmdb import ListLmdb
 from conveyor.nodes.map import Map
 from conveyor.nodes.map_batches import MapBatches, wants_rng
 from conveyor.nodes.mix import Mix, weights_problem
+from conveyor.nodes.pack_tokens import PackTokens
 from conveyor.nodes.pad_collate import PadCollate, check_dtype
 from conveyor.nodes.pin_memory import PinMemory
 from conveyor.nodes.prefetch import Prefetch
@@ -66,6 +67,7 @@ __all__ = [
     "Map",
     "MapBatches",
     "Mix",
+    "PackTokens",
     "PadCollate",
     "PerWorker",
     "PinMemory",

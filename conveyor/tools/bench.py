@@ -46,6 +46,7 @@ class BenchResult:
     peak_rss: int | None
     peak_is_run: bool                  # the peak was reset at the start (else: since process start)
     notes: list[str] = field(default_factory=list)
+    padding: list[dict[str, Any]] = field(default_factory=list)  # per node counting real/padded tokens
 
     @property
     def buffer_bytes(self) -> float:
@@ -81,6 +82,17 @@ def buffers_of(loader: Loader, sizes: SizeSampler) -> list[dict[str, Any]]:
             what = f"{inner.depth} ready x {inner.copies} copies"
         if held and each is not None:
             out.append({"node": name, "items": held, "item_bytes": each, "bytes": held * each, "what": what})
+    return out
+
+
+def padding_of(stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """The nodes whose ``stats()`` count real and padded tokens (pad_collate, bucket_batch,
+    pack_tokens), with their counts in the current epoch."""
+    out = []
+    for name, entry in stats.get("nodes", {}).items():
+        if "real_tokens" in entry and "padded_tokens" in entry:
+            out.append({"node": name, "op": entry.get("op", ""), "real": entry["real_tokens"],
+                        "padded": entry["padded_tokens"]})
     return out
 
 
@@ -126,6 +138,7 @@ def run_bench(plan: Plan, *, seconds: float = 10.0, warmup: float | None = None,
         for name, c in counted.items():
             rows[name]["item_bytes"] = sizes.mean(c)
         buffers = buffers_of(loader, sizes)
+        padding = padding_of(loader.stats())
         notes = []
         if loader._c.copied:
             notes.append(f"nodes {', '.join(loader._c.copied)} ran in worker copies: their time is "
@@ -140,7 +153,8 @@ def run_bench(plan: Plan, *, seconds: float = 10.0, warmup: float | None = None,
         name, sentence = None, "nothing was measured: the run ended during the warm-up (empty data?)"
     return BenchResult(spec=plan.path, drive=d, nodes=rows, bottleneck=name, sentence=sentence,
                        step_time=step_time, data_wait=data_wait, buffers=buffers,
-                       rss_before=rss_before, peak_rss=peak, peak_is_run=peak_is_run, notes=notes)
+                       rss_before=rss_before, peak_rss=peak, peak_is_run=peak_is_run, notes=notes,
+                       padding=padding)
 
 
 
@@ -158,6 +172,10 @@ def format_report(r: BenchResult) -> str:
                    "of the time.")
     elif r.step_time == 0 and r.bottleneck is not None:
         out.append(f"(no trainer: the loop only takes batches; it waited for data {pct(r.data_wait)} of the time)")
+    for p in r.padding:
+        waste = (p["padded"] - p["real"]) / p["padded"] if p["padded"] else 0.0
+        out.append(f"padding: {p['node']} ({p['op']}) {100 * waste:.2f} % of its {p['padded']:,} tokens are padding "
+                   f"({p['real']:,} real, this epoch)")
     out.append("")
     out.append(f"memory: the buffers hold up to ~{fmt_bytes(r.buffer_bytes)} (measured item sizes x capacity)")
     for b in r.buffers:

@@ -1,0 +1,306 @@
+"""pack_tokens: pack whole documents into rows of exactly ``seq_len`` tokens, for pretraining.
+
+The node reads a *pool* of ``pool`` documents (records with a token field, ``input_ids`` as
+conveyor.text's tokenizers make it), packs them into rows of ``seq_len`` tokens with
+``first_fit`` (each document, in the pool's order, into the first row with room) or
+``best_fit`` (longest first, each into the row it fills most tightly: the least padding), and
+emits the pool's rows in an order drawn from (seed, epoch, pool number). A document never
+straddles two rows unless it is longer than ``seq_len``; then ``overflow`` says what happens:
+``split`` (default) cuts it into pieces of ``seq_len`` (the last piece is packed like any
+document), ``truncate`` keeps its first ``seq_len`` tokens, ``skip`` leaves it out, counted
+and named in the skip ledger (``Loader.skipped()``). Padding is only at a row's tail.
+
+Each row is a dict of arrays of fixed shapes, so ``batch`` and ``collate`` stack them:
+
+* ``input_ids`` [seq_len] (``dtype``), ``pad_id`` after the last document;
+* ``labels`` [seq_len] int64: the ids, ``ignore_index`` on padding and, with ``mask_first``
+  (default), on each document's first token (a model that shifts labels would otherwise learn
+  to predict a document from the end of the one before it);
+* ``position_ids`` [seq_len] int64, from 0 at each document (the padding counts from 0 too);
+* ``segment_ids`` [seq_len] int32: 1, 2, ... for the documents, 0 for padding;
+* ``cu_seqlens`` [width] int32: flash-attention's boundaries ``0, l1, l1+l2, ..., seq_len``
+  (the padding is the last segment), then ``seq_len`` repeated up to the fixed width
+  ``min(max_docs + 1, seq_len) + 1``; ``conveyor.text:varlen_cu_seqlens`` turns a batch of
+  them into the concatenated form ``flash_attn_varlen_func`` takes;
+* ``num_docs`` and ``num_tokens``: the row's documents (pieces) and real tokens.
+
+``stats()`` has the padding figures pad_collate reports (``real_tokens``, ``padded_tokens``,
+``padding_efficiency``, ``efficiency_min``) plus rows, documents, pieces and skips.
+
+State, without a token: the input's state where the current pool began, the pool number and
+how many of its rows were emitted, the settings and the epoch's counters; a restore re-reads
+that one pool (its small records: tokenizing before packing re-runs for them), packs it again
+and skips the emitted rows. Rows depend on the lengths of the pool's documents, which a
+state does not hold, so the node is not elastic below a shard; its order is drawn from seed,
+epoch and pool alone, so above one it is a global order.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from torchdata.nodes import BaseNode
+
+from conveyor.errors import SampleError, StateError
+from conveyor.nodes._buckets import item_where
+from conveyor.nodes._packing import assemble, best_fit, cu_width, first_fit
+from conveyor.nodes._rng import derive_seed
+from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
+from conveyor.nodes.capabilities import take_exactly
+
+log = logging.getLogger(__name__)
+
+ALGORITHMS = ("first_fit", "best_fit")
+OVERFLOWS = ("split", "truncate", "skip")
+EMPTIES = ("raise", "skip")
+ID_DTYPES = ("int64", "int32", "int16", "uint8")
+_PACKERS = {"first_fit": first_fit, "best_fit": best_fit}
+
+
+def check_args(*, seq_len: Any, algorithm: str, pool: Any, overflow: str, empty: str, max_docs: Any,
+               pad_id: Any, dtype: str, mask_first: bool) -> list[tuple[str, str]]:
+    """``(param, message)`` for each bad argument (the compiler reports them with spec lines)."""
+    bad: list[tuple[str, str]] = []
+
+    def positive(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+    if not positive(seq_len):
+        bad.append(("seq_len", f"seq_len={seq_len!r} must be a positive int"))
+    elif mask_first and seq_len < 2:
+        bad.append(("seq_len", f"seq_len={seq_len} with mask_first: every label would be the ignore index "
+                               "(a row of one token has no next token); use seq_len >= 2"))
+    if algorithm not in ALGORITHMS:
+        bad.append(("algorithm", f"algorithm={algorithm!r} must be one of {', '.join(ALGORITHMS)}"))
+    if not positive(pool):
+        bad.append(("pool", f"pool={pool!r} must be a positive int (documents packed together)"))
+    if overflow not in OVERFLOWS:
+        bad.append(("overflow", f"overflow={overflow!r} must be one of {', '.join(OVERFLOWS)}"))
+    if empty not in EMPTIES:
+        bad.append(("empty", f"empty={empty!r} must be one of {', '.join(EMPTIES)}"))
+    if max_docs is not None and not positive(max_docs):
+        bad.append(("max_docs", f"max_docs={max_docs!r} must be a positive int or null"))
+    if dtype not in ID_DTYPES:
+        bad.append(("dtype", f"dtype={dtype!r} must be one of {', '.join(ID_DTYPES)}"))
+    elif not isinstance(pad_id, int) or isinstance(pad_id, bool) or not (
+            np.iinfo(dtype).min <= pad_id <= np.iinfo(dtype).max):
+        bad.append(("pad_id", f"pad_id={pad_id!r} does not fit dtype={dtype!r}"))
+    return bad
+
+
+class PackTokens(BaseNode[dict]):
+    """Rows of exactly ``seq_len`` tokens, packed from pools of whole documents.
+
+    Args:
+        source: records with a token field (a 1-D tensor, numpy array or list of ints).
+        seq_len: tokens per row.
+        field: the token field.
+        algorithm: ``first_fit`` or ``best_fit`` (less padding).
+        pool: documents packed together (more: less padding, a longer restore).
+        overflow: ``split``, ``truncate`` or ``skip`` a document longer than ``seq_len``.
+        empty: ``raise`` (``SampleError``) or ``skip`` (counted) for a document of no tokens.
+        max_docs: documents a row holds at most (``None``: no limit); sets ``cu_seqlens``' width.
+        pad_id: the id after the last document.
+        ignore_index: the label of padding (and of first tokens, with ``mask_first``).
+        mask_first: put ``ignore_index`` on each document's first label.
+        dtype: ``input_ids``' dtype; an id it cannot hold is a ``SampleError``.
+        shuffle: emit each pool's rows in an order drawn from (seed, epoch, pool).
+        seed: base seed of that order.
+        where: text for error messages (the node and spec line).
+
+    Example:
+        >>> from torchdata.nodes import IterableWrapper
+        >>> docs = [{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}, {"input_ids": [6]}]
+        >>> row = next(iter(PackTokens(IterableWrapper(docs), seq_len=4, shuffle=False)))
+        >>> row["input_ids"].tolist(), row["position_ids"].tolist(), row["cu_seqlens"].tolist()[:3]
+        ([1, 2, 3, 6], [0, 1, 2, 0], [0, 3, 4])
+    """
+
+    SOURCE_KEY = "source"
+    POOL_KEY = "pool"
+    POS_KEY = "pos"
+    SETTINGS_KEY = "settings"
+    STATS_KEY = "stats"
+
+    def __init__(self, source: BaseNode, *, seq_len: int, field: str = "input_ids", algorithm: str = "best_fit",
+                 pool: int = 1000, overflow: str = "split", empty: str = "raise", max_docs: int | None = None,
+                 pad_id: int = 0, ignore_index: int = -100, mask_first: bool = True, dtype: str = "int64",
+                 shuffle: bool = True, seed: int = 0, where: str | None = None):
+        super().__init__()
+        bad = check_args(seq_len=seq_len, algorithm=algorithm, pool=pool, overflow=overflow, empty=empty,
+                         max_docs=max_docs, pad_id=pad_id, dtype=dtype, mask_first=mask_first)
+        if bad:
+            raise ValueError("; ".join(m for _, m in bad))
+        self.source = source
+        self.seq_len, self.field, self.algorithm, self.pool = seq_len, field, algorithm, pool
+        self.overflow, self.empty, self.pad_id, self.ignore_index = overflow, empty, pad_id, ignore_index
+        self.max_docs = max_docs if max_docs is not None else seq_len
+        self.mask_first, self.shuffle, self.seed = mask_first, shuffle, seed
+        self.dtype = np.dtype(dtype)
+        self._top = int(np.iinfo(self.dtype).max)
+        self.width = cu_width(seq_len, self.max_docs)
+        self.where = where or "pack_tokens"
+        self.epoch = 0
+        self.ledger = SkipLedger()
+        self._stats = self._zero()
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _settings(self) -> list:
+        return [self.seq_len, self.algorithm, self.pool, self.overflow, self.max_docs]
+
+    @staticmethod
+    def _zero() -> dict[str, Any]:
+        return {"real": 0, "rows": 0, "docs": 0, "pieces": 0, "split": 0, "truncated": 0, "overflow": 0,
+                "empty": 0, "min_real": -1}
+
+    def stats(self) -> dict[str, Any]:
+        s = self._stats
+        padded = s["rows"] * self.seq_len
+        return {"padding_efficiency": round(s["real"] / padded, 4) if padded else 1.0,
+                "efficiency_min": round(s["min_real"] / self.seq_len, 4) if s["min_real"] >= 0 else 1.0,
+                "real_tokens": s["real"], "padded_tokens": padded, "rows": s["rows"], "documents": s["docs"],
+                "pieces": s["pieces"], "split": s["split"], "truncated": s["truncated"],
+                "overflow": s["overflow"], "empty": s["empty"]}
+
+    # ----- reset and state ----------------------------------------------------------------
+    def reset(self, initial_state: dict | None = None) -> None:
+        super().reset(initial_state)
+        self._rows: list[list[np.ndarray]] | None = None  # the current pool's rows, in emit order
+        self._i = 0
+        self._ended = False
+        self._replaying = False
+        if initial_state is None:
+            self.source.reset()
+            self._start = self.source.state_dict()
+            self._pool_no = 0
+            self._stats = self._zero()
+            return
+        saved = list(initial_state[self.SETTINGS_KEY])
+        if saved != self._settings():
+            raise StateError(f"{self.where}: the state was taken with [seq_len, algorithm, pool, overflow, "
+                             f"max_docs] = {saved}, this node has {self._settings()}: its rows are other "
+                             "rows, so resuming would repeat some documents and lose others (start the "
+                             "epoch afresh, or keep the settings)")
+        self._start = initial_state[self.SOURCE_KEY]
+        self.source.reset(self._start)
+        self._pool_no = initial_state[self.POOL_KEY]
+        self._stats = dict(initial_state[self.STATS_KEY])
+        self.ledger.load(initial_state.get(LEDGER_KEY))  # as saved: the replay does not add to it
+        pos = initial_state[self.POS_KEY]
+        if pos:
+            self._replaying = True  # counted before the save: not counted again
+            try:
+                self._load()
+            finally:
+                self._replaying = False
+            if self._rows is None or pos > len(self._rows):
+                raise StateError(f"{self.where}: the state is at row {pos} of pool {self._pool_no}, which now "
+                                 f"packs into {0 if self._rows is None else len(self._rows)} rows: the input "
+                                 "changed since the state was taken")
+            for k in range(pos):
+                self._rows[k] = []
+            self._i = pos
+
+    def get_state(self) -> dict:
+        if self._rows is not None and self._i >= len(self._rows):  # the pool is all out
+            source, pool_no, pos = self._after, self._pool_no + 1, 0
+        else:
+            source, pool_no, pos = self._start, self._pool_no, self._i
+        return {self.SOURCE_KEY: source, self.POOL_KEY: pool_no, self.POS_KEY: pos,
+                self.SETTINGS_KEY: self._settings(), self.STATS_KEY: dict(self._stats),
+                LEDGER_KEY: self.ledger.state()}
+
+    # ----- reading and packing ------------------------------------------------------------
+    def _load(self) -> None:
+        """Read the next pool and pack it (``_rows`` None where the input had nothing left)."""
+        items = [] if self._ended else take_exactly(self.source, self.pool)
+        if len(items) < self.pool:
+            self._ended = True
+        if not items:
+            self._rows = None
+            return
+        self._after = self.source.state_dict()
+        pieces: list[np.ndarray] = []
+        for item in items:
+            pieces += self._pieces(item)
+        rows = _PACKERS[self.algorithm]([len(p) for p in pieces], self.seq_len, self.max_docs)
+        if self.shuffle:
+            random.Random(derive_seed(self.seed, self.epoch, self._pool_no)).shuffle(rows)
+        self._rows = [[pieces[j] for j in row] for row in rows]
+        self._i = 0
+
+    def _pieces(self, item: Any) -> list[np.ndarray]:
+        """A document's token ids, checked, as the pieces it is packed as (none if skipped)."""
+        ids = self._ids(item)
+        n = len(ids)
+        counting = not self._replaying
+        if n == 0:
+            if self.empty == "raise":
+                raise SampleError(f"{self.where}: {item_where(item)} has no tokens (an empty document); set "
+                                  "empty: skip to count and skip such documents, or filter them out before")
+            if counting:
+                self._stats["empty"] += 1
+                self._skip(item, "no tokens, an empty document (empty: skip)")
+            return []
+        if counting:
+            self._stats["docs"] += 1
+        if n <= self.seq_len:
+            return [ids]
+        if counting:
+            self._stats[{"split": "split", "truncate": "truncated", "skip": "overflow"}[self.overflow]] += 1
+        if self.overflow == "truncate":
+            return [ids[:self.seq_len]]
+        if self.overflow == "skip":
+            if counting:
+                self._skip(item, f"{n} tokens, over seq_len {self.seq_len} (overflow: skip)")
+            return []
+        return [ids[s:s + self.seq_len] for s in range(0, n, self.seq_len)]
+
+    def _ids(self, item: Any) -> np.ndarray:
+        try:
+            value = item[self.field]
+        except (KeyError, TypeError, IndexError):
+            what = f"fields {sorted(item)}" if isinstance(item, dict) else f"a {type(item).__name__}"
+            raise SampleError(f"{self.where}: {item_where(item)} has no token field {self.field!r} (it has "
+                              f"{what}); tokenize before packing, or set field") from None
+        ids = value.numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iub"):
+            raise SampleError(f"{self.where}: {item_where(item)}: field {self.field!r} must be a 1-D sequence "
+                              f"of integer ids, got shape {list(ids.shape)} of {ids.dtype}")
+        if ids.size and (int(ids.max()) > self._top or int(ids.min()) < 0):
+            bad = int(ids.max()) if int(ids.max()) > self._top else int(ids.min())
+            raise SampleError(f"{self.where}: {item_where(item)} has token id {bad}, which dtype={self.dtype.name} "
+                              "cannot hold (ids are 0 up to its largest value); use a wider dtype")
+        return ids
+
+    def _skip(self, item: Any, why: str) -> None:
+        sample = sample_id(item)
+        self.ledger.add(sample, "SampleError", why)
+        log_skip(log, self.ledger.count, f"{self.where}: skipped {sample}: {why}")
+
+    # ----- emitting -----------------------------------------------------------------------
+    def next(self) -> dict:
+        while self._rows is None or self._i >= len(self._rows):
+            if self._rows is not None:  # that pool is all out: the next begins here
+                self._start, self._pool_no, self._rows, self._i = self._after, self._pool_no + 1, None, 0
+            self._load()
+            if self._rows is None:
+                raise StopIteration
+        pieces = self._rows[self._i]
+        self._rows[self._i] = []
+        self._i += 1
+        row = assemble(pieces, seq_len=self.seq_len, width=self.width, pad_id=self.pad_id,
+                       ignore_index=self.ignore_index, mask_first=self.mask_first, dtype=self.dtype)
+        s = self._stats
+        real = row["num_tokens"]
+        s["real"] += real
+        s["rows"] += 1
+        s["pieces"] += row["num_docs"]
+        s["min_real"] = real if s["min_real"] < 0 else min(s["min_real"], real)
+        return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in row.items()}
