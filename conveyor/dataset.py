@@ -126,12 +126,17 @@ class DatasetHandle:
 def getitem(record: dict[str, Any]) -> Any:
     """``dataset[record["index"]]`` for a record of ``op: dataset``: the map fn that reads items.
 
+    A dict item keeps the record's ``index`` (unless it has a field of that name itself), as
+    every other source's records do: the batch says which items it holds, and an error about a
+    sample names it. An item of another type (a tuple, a tensor) is returned as it is.
     An error in ``__getitem__`` keeps its type and gains a note naming the dataset and index,
     so the map's ``on_error`` applies to it (raise, or skip and count).
 
     Example:
         >>> getitem({"index": 2, "dataset": DatasetHandle(obj="abc")})
         'c'
+        >>> getitem({"index": 1, "dataset": DatasetHandle(obj=[{"x": 5}, {"x": 6}])})
+        {'x': 6, 'index': 1}
     """
     handle = record.get("dataset") if isinstance(record, dict) else None
     if not isinstance(handle, DatasetHandle):
@@ -139,7 +144,10 @@ def getitem(record: dict[str, Any]) -> Any:
                           f"'dataset'}}), got {type(record).__name__}: put it after an op: dataset node")
     index = record["index"]
     try:
-        return handle.get()[index]
+        item = handle.get()[index]
     except Exception as exc:
         exc.add_note(f"reading item {index} of {handle.ref or type(handle.obj).__name__}")
         raise
+    if isinstance(item, dict) and "index" not in item:
+        item = {**item, "index": index}
+    return item

@@ -134,3 +134,64 @@ class RankStream(torch.utils.data.IterableDataset):
 
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         return iter({"v": i} for i in range(self.n) if i % world == rank)
+
+
+class StreamingLike(torch.utils.data.IterableDataset):
+    """A stand-in for mosaicml-streaming's ``StreamingDataset`` (which cannot be installed here),
+    with its resume protocol as its docs and code give it: ``state_dict(num_samples,
+    from_beginning)`` (both required) and ``load_state_dict(obj)``; each ``iter()`` is its next
+    epoch (counted when the pass starts, the generator's first item), an epoch's order
+    depends on the epoch, and a loaded state is picked up by the next pass."""
+
+    calls: list = []  # (num_samples, from_beginning) of every state_dict call
+
+    def __init__(self, n: int):
+        self.n = n
+        self.next_epoch = 0
+        self._resume_state: dict | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _resume(self, epoch: int) -> tuple[int, int]:
+        if self._resume_state is None or self._resume_state["epoch"] < epoch:
+            return epoch, 0
+        return self._resume_state["epoch"], self._resume_state["sample_in_epoch"]
+
+    def __iter__(self):
+        epoch, start = self._resume(self.next_epoch)
+        self.next_epoch = epoch + 1
+        for i in range(start, self.n):
+            yield {"v": (i * 3 + epoch) % self.n, "epoch": epoch}
+
+    def state_dict(self, num_samples: int, from_beginning: bool) -> dict:
+        StreamingLike.calls.append((num_samples, from_beginning))
+        epoch, offset = self._resume(self.next_epoch - 1)
+        return {"epoch": epoch, "sample_in_epoch": num_samples if from_beginning else offset + num_samples,
+                "num_canonical_nodes": 1, "shuffle_seed": 9176}
+
+    def load_state_dict(self, obj: dict) -> None:
+        self._resume_state = dict(obj)
+
+
+class NeedsStep(Counting):
+    """An iterable whose state_dict takes a required argument conveyor has nothing for."""
+
+    def state_dict(self, step: int) -> dict:
+        raise AssertionError("never called: conveyor reads the signature first")
+
+    def load_state_dict(self, state: dict) -> None:
+        raise AssertionError("never called")
+
+
+class Unlabelled(Squares):
+    """Squares whose items at ``unlabelled`` indexes have ``label: None`` (a Hugging Face row
+    with a missing value reads so)."""
+
+    def __init__(self, n: int, unlabelled: list[int]):
+        super().__init__(n)
+        self.unlabelled = set(unlabelled)
+
+    def __getitem__(self, i: int) -> dict:
+        item = super().__getitem__(i)
+        return {**item, "label": None} if i in self.unlabelled else item

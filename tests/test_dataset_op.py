@@ -171,3 +171,20 @@ def test_a_dataset_epoch_resumes_on_another_world_size(write_spec, monkeypatch):
             rest.append([i for b in loader for i in b["i"].tolist()])
     new = [i for r in rest for i in r]
     assert sorted(new) == sorted(set(range(30)) - set(taken)) and [len(r) for r in rest] == [8, 8, 8]
+
+
+def test_getitem_keeps_the_index_and_collate_names_the_field_that_is_none(write_spec):
+    # the index was dropped, and a None field surfaced as "samples of one batch must have the
+    # same shapes and fields", naming neither the field nor the sample
+    path = spec(write_spec, args="{n: 12}", sampler="sequential", bs=4)
+    with load_graph(path) as loader:
+        batches = list(loader)
+    assert [v for b in batches for v in b["index"].tolist()] == list(range(12))
+    assert [v for b in batches for v in b["i"].tolist()] == list(range(12))
+    bad = spec(write_spec, "none.yaml", ds="byo_fns:Unlabelled", args="{n: 12, unlabelled: [6]}",
+               sampler="sequential", bs=4)
+    with load_graph(bad) as loader, pytest.raises(Exception) as info:
+        list(loader)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "field 'label' is None in sample 2 (index 6)" in notes, notes
+    assert "same shapes and fields" not in notes, notes

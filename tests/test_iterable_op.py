@@ -73,3 +73,40 @@ nodes:
         (3, "b", "iterable", "byo_fns:NOT_A_DATASET is an object of type int: neither iterable nor a class "
                              "or factory"),
     ]
+
+
+def test_a_streaming_dataset_state_dict_with_required_args_resumes_through_its_own_protocol(write_spec, caplog):
+    # mosaicml-streaming's StreamingDataset.state_dict(num_samples, from_beginning): called
+    # without them it died with a raw TypeError; it is told the samples consumed in its pass
+    import byo_fns
+
+    path = write_spec(SPEC.format(ref="byo_fns:StreamingLike", args="{n: 10}"))
+    byo_fns.StreamingLike.calls.clear()
+    with load_graph(path) as loader:
+        epochs = [[(v, e) for b in loader for v, e in zip(b["v"].tolist(), b["epoch"].tolist())]
+                  for _ in range(2)]
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+    assert [e for _, e in epochs[0]] == [0] * 10 and [e for _, e in epochs[1]] == [1] * 10
+    assert sorted(v for v, _ in epochs[0]) == list(range(10)) and epochs[0] != epochs[1]
+    assert byo_fns.StreamingLike.calls and all(fb is False for _, fb in byo_fns.StreamingLike.calls)
+    assert '"inner":{"epoch":2,"sample_in_epoch":3,' in state["rank0"]  # the 3rd pass, 3 taken
+    with caplog.at_level(logging.WARNING):
+        assert check_resume(lambda: load_graph(path), epochs=3) == 12
+    assert not [m for m in caplog.messages if "skips" in m]
+
+
+def test_a_state_dict_whose_required_args_mean_nothing_falls_back_to_skipping_and_says_why(write_spec, caplog):
+    path = write_spec(SPEC.format(ref="byo_fns:NeedsStep", args="{n: 10}"))
+    with caplog.at_level(logging.WARNING):
+        with load_graph(path) as loader:
+            it = iter(loader)
+            next(it), next(it)
+            state = loader.state_dict()
+        with load_graph(path) as fresh:
+            fresh.load_state_dict(state)
+            assert [b["v"].tolist() for b in fresh] == [[6, 7, 8], [9]]
+    said = " ".join(caplog.messages)
+    assert "state_dict(step) takes required arguments conveyor cannot give (step" in said, said
+    assert "skips the 6 items already yielded" in said

@@ -89,6 +89,41 @@ def _named(sample: Any, i: int) -> str:
     return f"sample {i}"
 
 
+def _none_in(value: Any, path: str, depth: int = 0) -> str | None:
+    """The path of the first ``None`` inside ``value`` (dict fields, tuple/list positions)."""
+    if value is None:
+        return path or "the sample"
+    if depth > 8:
+        return None
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            found = _none_in(v, f"{path}.{k}" if path else str(k), depth + 1)
+            if found:
+                return found
+    elif isinstance(value, (tuple, list)):
+        for j, v in enumerate(value):
+            found = _none_in(v, f"{path}[{j}]", depth + 1)
+            if found:
+                return found
+    return None
+
+
+def none_field(samples: Sequence[Any]) -> str | None:
+    """A sentence naming the first field that is ``None`` in a sample of the batch, if one is
+    (what torch's collate fails on as "found <class 'NoneType'>", naming neither).
+
+    Example:
+        >>> none_field([{"x": 1, "label": 0}, {"x": 2, "label": None, "index": 7}])
+        "field 'label' is None in sample 1 (index 7)"
+    """
+    for i, s in enumerate(samples):
+        found = _none_in(s, "")
+        if found:
+            what = "the sample" if found == "the sample" else f"field '{found}'"
+            return f"{what} is None in {_named(s, i)}"
+    return None
+
+
 def same_fields(samples: Sequence[Any]) -> None:
     """Raise ValueError naming the first sample whose fields are not the first sample's.
 
@@ -159,8 +194,13 @@ class Collate(BaseNode):
             exc.add_note(f"in {self.where}: samples of one batch must have the same fields")
             raise
         except Exception as exc:
-            exc.add_note(f"in {self.where}: samples of one batch must have the same shapes and "
-                         "fields (use pad_collate for variable lengths)")
+            none = none_field(batch) if isinstance(batch, Sequence) else None
+            if none:
+                exc.add_note(f"in {self.where}: {none}: collate cannot batch a None; give the field a "
+                             "value (a map), or leave the sample out (a filter)")
+            else:
+                exc.add_note(f"in {self.where}: samples of one batch must have the same shapes and "
+                             "fields (use pad_collate for variable lengths)")
             raise
 
     def get_state(self) -> dict:
