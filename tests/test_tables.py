@@ -317,6 +317,33 @@ def test_lmdb_errors_name_the_environment_and_key(lmdb_env: Path, tmp_path: Path
         ListLmdb(path=str(lmdb_env), prefix="n02979186/").reset(node2.state_dict())
 
 
+@pytest.mark.timeout(120)
+def test_a_truncated_lmdb_is_a_source_error_naming_the_file_and_sizes_not_a_sigbus(lmdb_env: Path,
+                                                                                    tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    short = tmp_path / "short.lmdb"
+    shutil.copytree(lmdb_env, short)
+    data = short / "data.mdb"
+    whole = data.stat().st_size
+    with open(data, "r+b") as f:  # copied short: half of it
+        f.truncate(whole // 2)
+    code = (f"from conveyor.nodes.list_lmdb import ListLmdb\n"
+            f"from conveyor.nodes.read_lmdb import ReadLmdb\n"
+            f"from conveyor.errors import SourceError\n"
+            f"try:\n"
+            f"    print(len(list(ReadLmdb(ListLmdb(path={str(short)!r})))))\n"
+            f"except SourceError as exc:\n"
+            f"    print('SourceError:', exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])  # -7: killed by SIGBUS
+    said = done.stdout
+    assert said.startswith("SourceError: "), said
+    assert str(data) in said and f"it has {whole // 2} bytes" in said and f"says {whole} " in said, said
+
+
 def test_an_lmdb_epoch_left_by_2_ranks_goes_on_on_3(lmdb_env: Path, write_spec, monkeypatch) -> None:
     spec = write_spec(f"""
 nodes:
