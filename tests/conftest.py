@@ -42,3 +42,16 @@ def no_new_threads():
         for t in alive:
             t.join(timeout=0.05)
     assert not alive, f"threads left running: {[t.name for t in alive]}"
+
+
+# ----- subprocess tests (test_cli.py, test_benchmarks.py): see tests/forked_python.py ---------
+
+@pytest.fixture(scope="session")
+def forker():
+    """A ``forked_python.Forker``: ``forker.run(cmd, cwd=, env=, timeout=)`` runs ``python -m X``
+    or ``python script.py`` as a real process forked from one that imported torch already."""
+    from forked_python import Forker
+
+    f = Forker()
+    yield f
+    f.close()

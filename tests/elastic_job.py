@@ -9,7 +9,10 @@ turn; with ``dcp`` the states also go through torch.distributed.checkpoint and c
 with ``conveyor.dcp_states``.
 ``save``: every rank takes ``steps`` batches, writes the ids it took and its state. ``resume``:
 every rank loads the states of all old ranks, then writes the ids of the rest of the epoch and
-of the next epoch (per batch), and the epoch it resumed in.
+of the next epoch (per batch), and the epoch it resumed in. ``--runs`` takes a JSON list of
+``{"phase", "dir", "jobs"}``, done in turn by one job (one start-up for all of them):
+
+    torchrun --nproc_per_node=3 tests/elastic_job.py --runs '[{"phase": "resume", ...}, ...]'
 """
 
 from __future__ import annotations
@@ -29,17 +32,31 @@ def _ids(batch) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--phase", choices=["save", "resume"], required=True)
-    ap.add_argument("--dir", type=Path, required=True)
-    ap.add_argument("--jobs", required=True)
+    ap.add_argument("--phase", choices=["save", "resume"])
+    ap.add_argument("--dir", type=Path)
+    ap.add_argument("--jobs")
+    ap.add_argument("--runs", help="a JSON list of {phase, dir, jobs}, done in turn")
     args = ap.parse_args()
+    if args.runs is not None:
+        runs = [(r["phase"], Path(r["dir"]), r["jobs"]) for r in json.loads(args.runs)]
+    elif None in (args.phase, args.dir, args.jobs):
+        ap.error("--phase, --dir and --jobs, or --runs")
+    else:
+        runs = [(args.phase, args.dir, json.loads(args.jobs))]
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    for job in json.loads(args.jobs):
-        out = args.dir / job["name"]
+    for phase, folder, jobs in runs:
+        if phase not in ("save", "resume"):
+            ap.error(f"phase {phase!r}: save or resume")
+        _run(phase, folder, jobs, dist.get_rank())
+    dist.destroy_process_group()
+
+
+def _run(phase: str, folder: Path, jobs: list[dict], rank: int) -> None:
+    for job in jobs:
+        out = folder / job["name"]
         out.mkdir(parents=True, exist_ok=True)
         with load_graph(job["spec"], **job["params"]) as loader:
-            if args.phase == "save":
+            if phase == "save":
                 it = iter(loader)
                 taken = [i for _ in range(job["steps"]) for i in _ids(next(it))]
                 (out / f"old{rank}.json").write_text(json.dumps(taken))
@@ -60,7 +77,6 @@ def main() -> None:
                 (out / f"new{rank}.json").write_text(json.dumps({"epoch": epoch, "rest": rest,
                                                                  "next": following}))
         dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

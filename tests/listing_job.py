@@ -1,8 +1,11 @@
 """A torchrun job whose ranks list a folder while a file is added to it: rank 0 lists before,
 the others after (tests/test_torchrun.py). Each rank writes what it read, or the error it got,
-to ``OUT/rank<R>.json``; ``--same`` adds no file (both ranks list the same files).
+to ``OUT/rank<R>.json``; ``--same`` adds no file (both ranks list the same files). ``--runs``
+takes a JSON list of such runs (``{"data", "out", "same", "copies"}``), done in turn by one job:
+one start-up of torch and the process group for all of them.
 
     torchrun --nproc_per_node=2 tests/listing_job.py DATA OUT [--same] [--copies N]
+    torchrun --nproc_per_node=2 tests/listing_job.py --runs JSON
 """
 
 from __future__ import annotations
@@ -21,13 +24,24 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("data")
-    ap.add_argument("out")
+    ap.add_argument("data", nargs="?")
+    ap.add_argument("out", nargs="?")
     ap.add_argument("--same", action="store_true")
     ap.add_argument("--copies", type=int, default=1)
+    ap.add_argument("--runs", help="a JSON list of runs, each {data, out, same, copies}")
     args = ap.parse_args()
+    if args.runs is None and (args.data is None or args.out is None):
+        ap.error("DATA and OUT, or --runs")
+    runs = ([argparse.Namespace(**{"same": False, "copies": 1, **run}) for run in json.loads(args.runs)]
+            if args.runs is not None else [args])
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    for run in runs:
+        _one(run, dist.get_rank())
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def _one(args: argparse.Namespace, rank: int) -> None:
     spec = Path(args.out) / "numbers.yaml"
     if rank == 0:
         text = (ROOT / "specs/numbers.yaml").read_text()
@@ -52,7 +66,6 @@ def main() -> None:
         except ConveyorError as exc:
             error = str(exc)
     Path(args.out, f"rank{rank}.json").write_text(json.dumps({"seen": seen, "error": error}))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -49,9 +49,9 @@ RUNS = {
 
 
 @pytest.mark.parametrize("script", sorted(RUNS))
-def test_benchmark_script_runs_at_its_smallest_size(script):
+def test_benchmark_script_runs_at_its_smallest_size(script, forker):
     args, expect = RUNS[script]
-    _check_run([sys.executable, str(ROOT / "benchmarks" / f"{script.split()[0]}.py"), *args], expect)
+    _check_run([sys.executable, str(ROOT / "benchmarks" / f"{script.split()[0]}.py"), *args], expect, forker)
 
 
 def test_even_batches_cost_runs_under_torchrun():
@@ -61,9 +61,18 @@ def test_even_batches_cost_runs_under_torchrun():
                 "--calls", "10", "--epochs", "1"], "agreement, bare")
 
 
-def _check_run(cmd: list[str], expect: str) -> None:
-    """Run ``cmd`` in its own process group (ended whole if it overruns) and check its output."""
+def _check_run(cmd: list[str], expect: str, forker=None) -> None:
+    """Run ``cmd`` in its own process group (ended whole if it overruns) and check its output;
+    with ``forker`` (tests/forked_python.py) forked from a process that imported torch already."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")  # this checkout's conveyor
+    if forker is not None:
+        try:
+            proc = forker.run(cmd, cwd=ROOT, env=env, timeout=120)
+        except subprocess.TimeoutExpired as e:
+            pytest.fail(f"{' '.join(cmd[1:])} ran past 120 s:\n{(e.stderr or '')[-3000:]}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert expect in proc.stdout, proc.stdout[-3000:]
+        return
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:

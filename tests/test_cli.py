@@ -1,7 +1,8 @@
 """The ``conveyor`` command, run as a real process (``python -m conveyor``).
 
-The commands are independent, so a module fixture starts them a few at a time and each test
-reads its result: the suite pays for Python and torch start-up in parallel, not in series.
+The commands are independent, so a module fixture runs them all and each test reads its result;
+they are forked from one process that imported torch already (tests/forked_python.py): each is
+a process of its own, without paying torch's start-up each time.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import os
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,19 +46,16 @@ class Result:
     err: str
 
 
-def _run(args: list[str]) -> Result:
+def _run(forker, args: list[str]) -> Result:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(REPO / "tests")] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    proc = subprocess.run([sys.executable, "-m", "conveyor", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=90)
+    proc = forker.run([sys.executable, "-m", "conveyor", *args], cwd=REPO, env=env, timeout=90)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
 @pytest.fixture(scope="module")
-def results() -> dict[str, Result]:
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {name: pool.submit(_run, args) for name, args in COMMANDS.items()}
-        return {name: f.result() for name, f in futures.items()}
+def results(forker) -> dict[str, Result]:
+    return {name: _run(forker, args) for name, args in COMMANDS.items()}
 
 
 def _done_line(res: Result) -> re.Match:

@@ -226,13 +226,15 @@ def _read_log(path: Path) -> list[tuple[int, str]]:
 
 
 @pytest.mark.timeout(240)
-def test_killed_training_resumes_with_exactly_the_uninterrupted_samples(tmp_path: Path) -> None:
+def test_killed_training_resumes_with_exactly_the_uninterrupted_samples(tmp_path: Path, forker) -> None:
     script = ROOT / "examples/train_imagenet.py"
     common = [sys.executable, str(script), "--steps", "24", "--every", "3", "--batch-size", "8",
               "--image-size", "32"]
     ref_log = tmp_path / "ref.log"
-    subprocess.run(common + ["--ckpt", str(tmp_path / "ref"), "--log-samples", str(ref_log)],
-                   check=True, timeout=180, capture_output=True)
+    # the runs that are not killed are forked from a process that imported torch already
+    # (tests/forked_python.py); the killed one is a plain process, killed as a trainer is
+    ref = forker.run(common + ["--ckpt", str(tmp_path / "ref"), "--log-samples", str(ref_log)], timeout=180)
+    assert ref.returncode == 0, ref.stderr[-3000:]
     reference = _read_log(ref_log)
     assert [s for s, _ in reference] == list(range(1, 25))
 
@@ -258,8 +260,8 @@ def test_killed_training_resumes_with_exactly_the_uninterrupted_samples(tmp_path
     assert 3 <= saved_step < 24
 
     log2 = tmp_path / "run2.log"
-    out = subprocess.run(common + ["--ckpt", str(tmp_path / "ck"), "--log-samples", str(log2)],
-                         check=True, timeout=180, capture_output=True, text=True)
+    out = forker.run(common + ["--ckpt", str(tmp_path / "ck"), "--log-samples", str(log2)], timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
     assert f"resumed at step {saved_step}" in out.stdout
     before = [entry for entry in _read_log(log1) if entry[0] <= saved_step]
     combined = before + _read_log(log2)

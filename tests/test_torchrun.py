@@ -51,12 +51,26 @@ def _run(cmd: list[str], timeout: float = 180, env: dict | None = None) -> subpr
     return out
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[int, list[tuple[int, int, list[int]]]]:
+    """The sample logs of one uninterrupted 2-rank job (3 epochs, batches of 4, a checkpoint
+    every 2 steps), shared by the tests below that need one: the samples depend on neither
+    the checkpoint interval nor on --dcp, and epochs 0-1 of 3 are those of a 2-epoch job."""
+    tmp = tmp_path_factory.mktemp("reference")
+    _run(_torchrun(2, "--ckpt", str(tmp / "ref"), "--log-samples", str(tmp / "ref_logs"),
+                   "--epochs", "3", "--every", "2", "--set", "batch_size=4"))
+    return _logs(tmp / "ref_logs", 2)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("nproc", [2, 3])
-def test_ranks_get_disjoint_equal_shares(tmp_path: Path, nproc: int) -> None:
-    _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ck"), "--epochs", "2", "--every", "100",
-                   "--log-samples", str(tmp_path / "logs"), "--set", "batch_size=4"))
-    logs = _logs(tmp_path / "logs", nproc)
+def test_ranks_get_disjoint_equal_shares(tmp_path: Path, nproc: int, request) -> None:
+    if nproc == 2:  # the shared 2-rank job (its epochs 0 and 1 are checked here)
+        logs = request.getfixturevalue("reference")
+    else:
+        _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ck"), "--epochs", "2", "--every", "100",
+                       "--log-samples", str(tmp_path / "logs"), "--set", "batch_size=4"))
+        logs = _logs(tmp_path / "logs", nproc)
     for epoch in (0, 1):
         per_rank = {r: [i for _, e, idx in rows if e == epoch for i in idx] for r, rows in logs.items()}
         batches = {r: sum(1 for _, e, _ in rows if e == epoch) for r, rows in logs.items()}
@@ -72,12 +86,9 @@ def test_ranks_get_disjoint_equal_shares(tmp_path: Path, nproc: int) -> None:
 
 
 @pytest.mark.timeout(400)
-def test_killed_job_resumes_every_rank_exactly(tmp_path: Path) -> None:
+def test_killed_job_resumes_every_rank_exactly(tmp_path: Path, reference) -> None:
     nproc = 2
-    common = ["--epochs", "3", "--every", "2", "--set", "batch_size=4"]
-    _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ref"), "--log-samples", str(tmp_path / "ref_logs"),
-                   *common))
-    reference = _logs(tmp_path / "ref_logs", nproc)
+    common = ["--epochs", "3", "--every", "2", "--set", "batch_size=4"]  # those of `reference`
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(_torchrun(nproc, "--ckpt", str(tmp_path / "ck"), "--log-samples",
@@ -116,14 +127,15 @@ def test_killed_job_resumes_every_rank_exactly(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_distributed_checkpoint_round_trip(tmp_path: Path) -> None:
+def test_distributed_checkpoint_round_trip(tmp_path: Path, reference) -> None:
     # train_ddp.py --dcp hands DCP the loader itself ({"data": loader}, the same key on every
     # rank): each rank's entry in its state is keyed by rank, so the global plan keeps both
     # and each rank restores its own position (a flat state was kept for one rank only)
     nproc = 2
     args = ["--every", "2", "--set", "batch_size=4", "--dcp"]
-    _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ref"), "--epochs", "2", "--log-samples",
-                   str(tmp_path / "ref_logs"), *args))
+    # the uninterrupted job is the shared reference's first 2 epochs (--dcp changes how the
+    # states are saved, not which samples come)
+    reference = {r: [row for row in rows if row[1] < 2] for r, rows in reference.items()}
     # the same job in two runs: one epoch, then resumed from the DCP checkpoint for the second
     _run(_torchrun(nproc, "--ckpt", str(tmp_path / "ck"), "--epochs", "1", "--log-samples",
                    str(tmp_path / "logs1"), *args))
@@ -132,7 +144,6 @@ def test_distributed_checkpoint_round_trip(tmp_path: Path) -> None:
     steps = {int(m) for m in re.findall(r"resumed at step (\d+)", out.stdout)}
     assert len(steps) == 1 and out.stdout.count("resumed at step") == nproc, out.stdout
     step = steps.pop()
-    reference = _logs(tmp_path / "ref_logs", nproc)
     first, second = _logs(tmp_path / "logs1", nproc), _logs(tmp_path / "logs2", nproc)
     for r in range(nproc):
         assert [row for row in first[r] if row[0] <= step] + second[r] == reference[r]
@@ -240,21 +251,35 @@ def test_a_loader_built_before_init_process_group_follows_the_process_group(tmp_
         assert f"runs this process as rank {r} of world 2" in res["error"]
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("opts", [[], ["--copies", "2"], ["--same"]])
-def test_ranks_that_list_different_files_are_told_so(tmp_path: Path, opts: list[str]) -> None:
+LISTING_OPTS = {"plain": {}, "copies": {"copies": 2}, "same": {"same": True}}
+
+
+@pytest.fixture(scope="module")
+def listing_runs(tmp_path_factory) -> dict[str, Path]:
+    """The folder (data/, out/) of each run of LISTING_OPTS, all done in turn by one listing_job."""
+    tmp = tmp_path_factory.mktemp("listing")
+    runs, folders = [], {}
+    for name, opts in LISTING_OPTS.items():
+        data, out = tmp / name / "data", tmp / name / "out"
+        shutil.copytree(ROOT / "examples/data/numbers", data)
+        out.mkdir()
+        runs.append({"data": str(data), "out": str(out), **opts})
+        folders[name] = tmp / name
+    cmd = _torchrun(2, "--runs", json.dumps(runs))
+    cmd[cmd.index(str(SCRIPT))] = str(ROOT / "tests/listing_job.py")
+    _run(cmd, timeout=150, env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    return folders
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("opts", list(LISTING_OPTS))
+def test_ranks_that_list_different_files_are_told_so(listing_runs, opts: str) -> None:
     # a file landed between rank 0's listing and rank 1's: rank 1 dealt positions of 41 files,
     # rank 0 of 40, so the ranks read overlapping shares without a word, with 6 batches on one
     # rank and 5 on the other (DDP's all-reduces out of step, then a hang or a crash at the end)
-    data = tmp_path / "data"
-    shutil.copytree(ROOT / "examples/data/numbers", data)
-    out = tmp_path / "out"
-    out.mkdir()
-    cmd = _torchrun(2, str(data), str(out), *opts)
-    cmd[cmd.index(str(SCRIPT))] = str(ROOT / "tests/listing_job.py")
-    _run(cmd, timeout=90, env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    data, out = listing_runs[opts] / "data", listing_runs[opts] / "out"
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
-    if "--same" in opts:  # the same files: no word, the usual disjoint shares
+    if opts == "same":  # the same files: no word, the usual disjoint shares
         assert [r["error"] for r in ranks] == [None, None]
         assert sorted(ranks[0]["seen"][0] + ranks[1]["seen"][0]) == list(range(N_ITEMS))
         return

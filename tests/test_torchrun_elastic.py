@@ -38,27 +38,51 @@ def _fresh_epoch(spec: str, params: dict, rank: int, world: int, epoch: int) -> 
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
-@pytest.mark.timeout(300)
-# imagenet.yaml batches with drop_last: the steps are chosen so that what is left divides into
-# whole batches on the new ranks (200 images: 2 x 1 x 4 taken, 192 left = 3 x 16 x 4; 3 x 2 x 4
-# taken, 176 left = 2 x 22 x 4); else each new rank drops its last partial batch, as drop_last does
-@pytest.mark.parametrize("old,new,image_steps,text_steps", [(2, 3, 1, 2), (3, 2, 2, 3)])
-def test_torchrun_job_resumes_on_another_world_size(tmp_path: Path, old: int, new: int, image_steps: int,
-                                                    text_steps: int) -> None:
-    text_root = tmp_path / "text"
+CASES = [(2, 3, 1, 2), (3, 2, 2, 3)]  # old world, new world, image steps, text steps
+
+
+def _jobs(text_root: Path, image_steps: int, text_steps: int) -> list[dict]:
+    return [{"name": "image", "spec": str(ROOT / "specs/imagenet.yaml"), "params": IMAGE_PARAMS,
+             "steps": image_steps, "dcp": True},  # saved and read back through DCP
+            {"name": "text", "spec": str(ROOT / "tests/elastic_text.yaml"),
+             "params": {"root": str(text_root), "window": 16}, "steps": text_steps}]
+
+
+@pytest.fixture(scope="module")
+def elastic_runs(tmp_path_factory) -> dict[tuple, tuple[Path, list[dict]]]:
+    """Each case's run folder and jobs. Three torchrun jobs do both cases: 2 ranks save the
+    first case, 3 ranks resume it and save the second, 2 ranks resume the second."""
+    tmp = tmp_path_factory.mktemp("elastic")
+    text_root = tmp / "text"
     text_root.mkdir()
     for f in range(3):  # 120 records
         lines = [json.dumps({"text": f"record {f}-{i} " + "y" * (i % 5)}) for i in range(40)]
         (text_root / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
-    jobs = [{"name": "image", "spec": str(ROOT / "specs/imagenet.yaml"), "params": IMAGE_PARAMS,
-             "steps": image_steps, "dcp": True},  # saved and read back through DCP
-            {"name": "text", "spec": str(ROOT / "tests/elastic_text.yaml"),
-             "params": {"root": str(text_root), "window": 16}, "steps": text_steps}]
+    a, b = CASES
+    folders = {case: (tmp / "-".join(map(str, case)), _jobs(text_root, *case[2:])) for case in CASES}
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    _run(_torchrun(old, "--phase", "save", "--dir", str(tmp_path / "run"), "--jobs", json.dumps(jobs)), env=env)
-    _run(_torchrun(new, "--phase", "resume", "--dir", str(tmp_path / "run"), "--jobs", json.dumps(jobs)), env=env)
+
+    def run(world: int, *runs: tuple[str, tuple]) -> None:
+        spec = [{"phase": phase, "dir": str(folders[case][0]), "jobs": folders[case][1]} for phase, case in runs]
+        _run(_torchrun(world, "--runs", json.dumps(spec)), env=env)
+
+    assert a[0] == b[1] and a[1] == b[0]
+    run(a[0], ("save", a))
+    run(a[1], ("resume", a), ("save", b))
+    run(b[1], ("resume", b))
+    return folders
+
+
+@pytest.mark.timeout(300)
+# imagenet.yaml batches with drop_last: the steps are chosen so that what is left divides into
+# whole batches on the new ranks (200 images: 2 x 1 x 4 taken, 192 left = 3 x 16 x 4; 3 x 2 x 4
+# taken, 176 left = 2 x 22 x 4); else each new rank drops its last partial batch, as drop_last does
+@pytest.mark.parametrize("old,new,image_steps,text_steps", CASES)
+def test_torchrun_job_resumes_on_another_world_size(elastic_runs, old: int, new: int, image_steps: int,
+                                                    text_steps: int) -> None:
+    folder, jobs = elastic_runs[(old, new, image_steps, text_steps)]
     for job in jobs:
-        out = tmp_path / "run" / job["name"]
+        out = folder / job["name"]
         taken = [i for r in range(old) for i in json.loads((out / f"old{r}.json").read_text())]
         results = [json.loads((out / f"new{r}.json").read_text()) for r in range(new)]
         with load_graph(job["spec"], **job["params"]) as one:  # world 1: every sample id once
