@@ -156,11 +156,17 @@ def test_run_two_whole_epochs(results):
     res = results["run_two_epochs"]
     m = _done_line(res)
     assert (int(m[1]), int(m[2]), int(m[3])) == (10, 80, 2)
-    stats = {ln.split()[0]: ln.split() for ln in res.out.splitlines()[:-1]}
+    # one table, every count over both epochs (issue 29, item 7: it was two tables, one with
+    # the last epoch's counts and one with the run's)
+    lines = res.out.splitlines()
+    assert lines[0].split() == ["node", "op", "runs", "items", "items/s", "busy", "wait", "queue", "counts"]
+    stats = {ln.split()[0]: ln.split() for ln in lines[1:1 + len(OPS)]}
     assert list(stats) == list(OPS)
-    assert stats["batch"][1:4] == ["batch", "5", "items"]     # the last epoch's counts
-    assert stats["files"][1:4] == ["list_files", "40", "items"]
-    assert stats["parse"][4:] == ["(skipped", "0)"]
+    assert stats["batch"][1:3] == ["batch", "10"]
+    assert stats["files"][1:3] == ["list_files", "80"]
+    assert stats["parse"][-2:] == ["skipped", "0"]
+    assert lines[1 + len(OPS)].startswith("done: 10 batches")
+    assert len([ln for ln in lines if ln.startswith("files ")]) == 1
 
 
 def test_set_batch_size_changes_the_counts(results):
@@ -252,3 +258,19 @@ def test_dot_quotes_awkward_names(write_spec, capsys):
     ((__import__("torch").zeros(4), [0] * 4), 4), ([{"a": 1}, {"a": 2}], 2), ({}, 0)])
 def test_batch_len(batch, n):
     assert cli.batch_len(batch) == n
+
+
+def test_the_progress_bar_has_a_total_where_the_length_is_known():
+    # issue 29, item 7: the bar showed no total although len() was known
+    import argparse
+
+    from conveyor import load_graph
+    from conveyor.tools.run import _total_batches
+
+    with load_graph(str(REPO / NUMBERS), batch_size=8) as loader:  # 40 files: 5 batches an epoch
+        assert _total_batches(loader, argparse.Namespace(epochs=2, steps=None)) == 10
+        assert _total_batches(loader, argparse.Namespace(epochs=2, steps=7)) == 7
+        assert _total_batches(loader, argparse.Namespace(epochs=1, steps=70)) == 5
+    with load_graph(str(REPO / "specs" / "text.yaml")) as loader:  # length buckets: the data decide
+        assert _total_batches(loader, argparse.Namespace(epochs=2, steps=None)) is None
+        assert _total_batches(loader, argparse.Namespace(epochs=2, steps=3)) == 3

@@ -17,15 +17,9 @@ REPO = TESTS.parent
 NUMBERS = str(REPO / "specs" / "numbers.yaml")
 
 
-def test_ctrl_c_prints_the_summary_so_far_and_exits_130(write_spec, tmp_path):
-    flag = tmp_path / "flowing"
-    spec = write_spec(f"""nodes:
-  files: {{op: list_files, url: "{REPO}/examples/data/numbers/*/*.txt"}}
-  parse: {{op: map, fn: "conveyor.files:read_numbers"}}
-  slow: {{op: map, fn: "helpers_fns:announce_then_sleep", args: {{path: "{flag}", ms: 200}}}}
-  batch: {{op: batch, size: 2}}
-output: batch
-""")
+def _interrupt_run(spec: Path, flag: Path) -> tuple[int, str, str]:
+    """Start ``conveyor run SPEC``, send it SIGINT once ``flag`` exists (and a moment more), and
+    return its exit status, stdout and stderr."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(TESTS)])}
     # Ctrl-C reaches a command run from an interactive shell. A suite started as a background
     # job has SIGINT ignored, and a child inherits an ignored signal (not a handler): the run
@@ -47,10 +41,44 @@ output: batch
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, err
+    return proc.returncode, out, err
+
+
+def test_ctrl_c_prints_the_summary_so_far_and_exits_130(write_spec, tmp_path):
+    flag = tmp_path / "flowing"
+    spec = write_spec(f"""nodes:
+  files: {{op: list_files, url: "{REPO}/examples/data/numbers/*/*.txt"}}
+  parse: {{op: map, fn: "conveyor.files:read_numbers"}}
+  slow: {{op: map, fn: "helpers_fns:announce_then_sleep", args: {{path: "{flag}", ms: 200}}}}
+  batch: {{op: batch, size: 2}}
+output: batch
+""")
+    rc, out, err = _interrupt_run(spec, flag)
+    assert rc == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert "done: " in out and "  batch " in out, out
+    assert "done: " in out and "\nbatch " in out, out
     assert err.rstrip().splitlines()[-1].startswith("conveyor: interrupted after "), err
+
+
+def test_ctrl_c_before_the_worker_copies_report_prints_the_summary(write_spec, tmp_path):
+    # issue 32, item 5: interrupted before any copy had reported its counts, the summary
+    # failed on a node with no count yet (KeyError: 'items') and the run exited 1
+    flag = tmp_path / "flowing"
+    spec = write_spec(f"""workers: {{copies: 2, method: process, until: batch}}
+nodes:
+  files: {{op: list_files, url: "{REPO}/examples/data/numbers/*/*.txt"}}
+  shard: {{op: shard, by: [rank, worker]}}
+  slow: {{op: map, fn: "helpers_fns:announce_then_sleep", args: {{path: "{flag}", ms: 5000}}}}
+  batch: {{op: batch, size: 2}}
+output: batch
+""")
+    rc, out, err = _interrupt_run(spec, flag)
+    assert rc == 130, err
+    assert "Traceback" not in err and "KeyError" not in err, err
+    assert "done: 0 batches" in out, out
+    table = {ln.split()[0]: ln.split() for ln in out.splitlines()[1:-1]}
+    assert list(table) == ["files", "shard", "slow", "batch"], out
+    assert err.rstrip().splitlines()[-1] == "conveyor: interrupted after 0 batches (the summary above is up to there)"
 
 
 def test_a_run_that_yields_no_batch_warns_and_exits_1(capsys):

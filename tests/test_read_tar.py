@@ -579,3 +579,16 @@ def test_imagenet_shards_spec_reads_every_format_the_folder_specs_take(tmp_path:
     with load_graph(SPEC, root=str(tmp_path / "shards"), **small) as loader:
         shards = sorted(b["label"].item() for b in loader)
     assert shards == folder == [0, 0, 0, 1, 1, 1, 2, 2]
+
+
+def test_an_index_that_is_not_there_is_not_a_failed_request(shards: Path, tmp_path: Path) -> None:
+    # issue 29, item 7: shards written by another tool have no index.json; looking for it
+    # is one request, not a failure in the stats (a shard that is not there is still an error)
+    copy = tmp_path / "train"
+    copy.mkdir()
+    for p in shards.glob("*.tar"):
+        (copy / p.name).write_bytes(p.read_bytes())
+    rows, node = _read(copy / "shard-000000.tar")
+    assert rows and node.stats()["failed"] == 0 and node.stats()["requests"] >= 1
+    with pytest.raises(SampleError, match="gone.tar"):
+        _read(copy / "gone.tar")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 import time
 from pathlib import Path
@@ -93,7 +95,8 @@ def test_stats_have_perf_for_every_node_as_plain_data():
     assert nodes["parse"]["perf"]["queue"]["capacity"] == 16  # 8 in flight per ordered thread
     assert nodes["out"]["perf"]["busy"] is None  # a prefetch only moves items
     assert nodes["out"]["perf"]["queue"]["capacity"] == 2 and nodes["out"]["perf"]["queue"]["samples"] >= 1
-    assert nodes["out"]["perf"]["wait"] > 0.5   # its thread mostly waits for collate
+    # its thread waits for collate (how much depends on how busy the machine is: only measured)
+    assert 0.0 < nodes["out"]["perf"]["wait"] <= 1.05
     assert 0 < stats["data_wait_s"] <= stats["seconds"] + 0.5
     assert nodes["batch"]["items"] == 5
 
@@ -163,13 +166,15 @@ def test_run_prints_where_the_time_went(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     assert cli.main(["run", "specs/numbers.yaml", "-q"]) == 0
     res = capsys.readouterr()
-    assert res.out.splitlines()[0].split() == ["files", "list_files", "40", "items"]
-    err = res.err.splitlines()
-    at = next(i for i, ln in enumerate(err) if ln.startswith("where the time went ("))
-    assert err[at + 1].split() == ["node", "op", "runs", "items", "items/s", "busy", "wait", "queue"]
-    assert [ln.split()[0] for ln in err[at + 2:at + 9]] == ["files", "shard", "shuffle", "parse", "batch",
-                                                            "collate", "out"]
-    assert "limits the graph" in err[at + 9]
+    out = res.out.splitlines()
+    assert out[0].split() == ["node", "op", "runs", "items", "items/s", "busy", "wait", "queue", "counts"]
+    assert [ln.split()[0] for ln in out[1:8]] == ["files", "shard", "shuffle", "parse", "batch", "collate", "out"]
+    assert out[1].split()[:3] == ["files", "list_files", "40"]
+    assert out[8].startswith("done: ") and len(out) == 9
+    err = res.err.splitlines()[-1]
+    waited = re.match(r"where the time went \([0-9.]+ s, all epochs\): the loop waited for data (\d+) % of "
+                      r"the time; .*limits the graph", err)
+    assert waited and 0 <= int(waited[1]) <= 100, err
 
 
 def test_the_instrumentation_costs_well_under_a_microsecond_per_item_and_node():

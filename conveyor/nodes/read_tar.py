@@ -149,7 +149,7 @@ class ReadTar(BaseNode[dict]):
         if folder not in self._counts:
             counts = None
             try:
-                raw = self.storage.call(f"{folder}/{INDEX_NAME}", "cat_file")
+                raw = self.storage.call(f"{folder}/{INDEX_NAME}", "cat_file", optional=True)
                 index = json.loads(raw)
                 counts = {s["name"]: int(s["samples"]) for s in index.get("shards", [])}
             except (SampleError, SourceError) as exc:  # no index: nothing to check against

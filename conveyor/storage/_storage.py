@@ -122,10 +122,13 @@ class Storage:
             return SampleError(f"{url}: failed after {attempts} attempt(s), the last with {what}")
         return SampleError(f"{url}: {what}")
 
-    def _retry_or_raise(self, url: str, exc: BaseException, attempt: int) -> float:
-        """The delay before the next attempt, or raise the conveyor error."""
-        if classify(exc) != TRANSIENT or attempt + 1 >= self.policy.attempts:
-            self.stats.add("failed")
+    def _retry_or_raise(self, url: str, exc: BaseException, attempt: int, optional: bool = False) -> float:
+        """The delay before the next attempt, or raise the conveyor error (``optional``: a
+        missing object was only looked for, such as an ``index.json``: not a failed request)."""
+        kind = classify(exc)
+        if kind != TRANSIENT or attempt + 1 >= self.policy.attempts:
+            if not (optional and kind == NOT_FOUND):
+                self.stats.add("failed")
             raise self.error(url, exc, attempt + 1) from exc
         self.stats.add("retries")
         delay = self.policy.delay(attempt, self._rng)
@@ -134,7 +137,7 @@ class Storage:
         return delay
 
     async def _run_async(self, url: str, make: Callable[[], Awaitable[Any]],
-                         timeout: float | None = -1.0) -> Any:
+                         timeout: float | None = -1.0, optional: bool = False) -> Any:
         task = asyncio.current_task()
         if task is not None:  # a read cancelled as it fails is not then logged by asyncio at exit
             task.add_done_callback(_retrieve)
@@ -146,40 +149,41 @@ class Storage:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # classified: retried or raised as a conveyor error
-                await asyncio.sleep(self._retry_or_raise(url, exc, attempt))
+                await asyncio.sleep(self._retry_or_raise(url, exc, attempt, optional))
         raise AssertionError("unreachable")
 
-    def _run_sync(self, url: str, fn: Callable[[], Any]) -> Any:
+    def _run_sync(self, url: str, fn: Callable[[], Any], optional: bool = False) -> Any:
         for attempt in range(self.policy.attempts):
             self.stats.add("requests")
             try:
                 return fn()
             except Exception as exc:  # classified: retried or raised as a conveyor error
-                time.sleep(self._retry_or_raise(url, exc, attempt))
+                time.sleep(self._retry_or_raise(url, exc, attempt, optional))
         raise AssertionError("unreachable")
 
     def submit_call(self, url: str, sync_name: str, *args: Any, name: str | None = None,
-                    timeout: float | None = -1.0, **kwargs: Any) -> cf.Future:
+                    timeout: float | None = -1.0, optional: bool = False, **kwargs: Any) -> cf.Future:
         """Start ``fs.<sync_name>(path, ...)`` (or its coroutine) with the retry policy; a future
         of its result. Errors name ``name`` (default: ``url``); ``timeout`` replaces the
         policy's for the whole call (None: only the per-request socket timeouts, for calls made
-        of many requests such as a listing)."""
+        of many requests such as a listing); ``optional``: the object may well not exist (an
+        index looked for), so its absence is not counted as a failed request."""
         fs, path = self.resolve(url)
         if getattr(fs, "async_impl", False):
             coro_fn = getattr(fs, "_" + sync_name)
             return asyncio.run_coroutine_threadsafe(
-                self._run_async(name or url, lambda: coro_fn(path, *args, **kwargs), timeout),
+                self._run_async(name or url, lambda: coro_fn(path, *args, **kwargs), timeout, optional),
                 fs.loop)
         if is_local(url):  # no waiting worth a thread
             done: cf.Future = cf.Future()
             try:
                 done.set_result(self._run_sync(name or url,
-                                               lambda: getattr(fs, sync_name)(path, *args, **kwargs)))
+                                               lambda: getattr(fs, sync_name)(path, *args, **kwargs), optional))
             except Exception as exc:  # handed to whoever reads the future
                 done.set_exception(exc)
             return done
         return self._pool_get().submit(self._run_sync, name or url,
-                                       lambda: getattr(fs, sync_name)(path, *args, **kwargs))
+                                       lambda: getattr(fs, sync_name)(path, *args, **kwargs), optional)
 
     def call(self, url: str, sync_name: str, *args: Any, name: str | None = None,
              timeout: float | None = -1.0, **kwargs: Any) -> Any:

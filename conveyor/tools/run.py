@@ -1,6 +1,7 @@
 """``conveyor run SPEC``: run the graph for some epochs or steps with a progress bar, then print
-each node's counts (stdout) and where the time went (stderr); ``--trace`` writes a Chrome trace,
-``--skipped`` the ledger of skipped samples. Ctrl-C stops it with the summary up to there."""
+one table of each node's counts and timings over the whole run and where the time went;
+``--trace`` writes a Chrome trace, ``--skipped`` the ledger of skipped samples. Ctrl-C stops it
+with the summary up to there."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+from conveyor.errors import ConveyorError
 from conveyor.graphs.compile import compile_plan
 from conveyor.graphs.loader import Loader
 from conveyor.graphs.validate import Plan
@@ -24,35 +26,51 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     plan = checked_plan(args)
     batches = samples = 0
+    waited = 0.0  # seconds the loop spent in iter() and next(): waiting for data
     interrupted = False
     recorder = trace_recorder(args)
+    totals = NodeTotals()
     t0 = time.perf_counter()
     with Loader(compile_plan(plan)) as loader:
         meter = Meter(loader)
         if recorder is not None:
             recorder.attach(loader)
-        with tqdm(total=args.steps, unit="batch", disable=args.quiet, file=sys.stderr,
+        with tqdm(total=_total_batches(loader, args), unit="batch", disable=args.quiet, file=sys.stderr,
                   dynamic_ncols=True) as bar:
+            folded = True
             try:
                 for _ in range(args.epochs):
-                    for batch in loader:
+                    folded = False
+                    t = time.perf_counter()
+                    it = iter(loader)
+                    while True:
+                        try:
+                            batch = next(it)
+                        except StopIteration:
+                            break
+                        finally:
+                            now = time.perf_counter()
+                            waited += now - t
                         n = batch_len(batch)
                         batches += 1
                         samples += n
-                        elapsed = max(time.perf_counter() - t0, 1e-9)
-                        bar.set_postfix_str(f"epoch {loader.epoch}, {samples / elapsed:,.1f} samples/s",
+                        bar.set_postfix_str(f"epoch {loader.epoch}, {samples / max(now - t0, 1e-9):,.1f} samples/s",
                                             refresh=False)
                         bar.update(1)
                         if args.steps and batches >= args.steps:
                             break
+                        t = time.perf_counter()
                     meter.fold()
+                    totals.add(loader.stats())
+                    folded = True
                     if args.steps and batches >= args.steps:
                         break
             except KeyboardInterrupt:  # Ctrl-C: stop, close the loader, report what was done
                 interrupted = True
-                meter.fold()
+                if not folded:
+                    meter.fold()
+                    totals.add(loader.stats())
         elapsed = time.perf_counter() - t0
-        stats = loader.stats()
         if args.skipped:
             from conveyor.tools.check import write_ledger
 
@@ -61,16 +79,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"skipped: {ledger['count']} skip(s), {len(ledger['entries'])} sample(s) named in {args.skipped}",
                   file=sys.stderr)
         rows = node_rows(loader, meter.raws, elapsed)
-        root = meter.raws.get(plan.output, {}).get("seconds", 0.0)
-    for name, entry in stats["nodes"].items():
-        extra = ", ".join(f"{k} {v}" for k, v in entry.items() if k not in ("op", "items", "perf"))
-        print(f"  {name:<12} {entry['op']:<15} {entry['items']:>9} items" + (f"  ({extra})" if extra else ""))
+    totals.fill(rows)
+    print(node_table(rows, sizes=False, notes=True))
     print(f"done: {batches} batches, {samples} samples, {loader.epoch + 1} epoch(s) in {elapsed:.2f} s "
           f"({batches / elapsed:,.1f} batches/s, {samples / elapsed:,.1f} samples/s)")
     sys.stdout.flush()
     _, sentence = find_bottleneck(rows, elapsed)
-    print(f"where the time went ({elapsed:.2f} s, all epochs; the loop waited for data "
-          f"{pct(root / elapsed if elapsed > 0 else 0.0)} of the time):\n{node_table(rows, sizes=False)}\n{sentence}.",
+    print(f"where the time went ({elapsed:.2f} s, all epochs): the loop waited for data "
+          f"{pct(min(1.0, waited / elapsed) if elapsed > 0 else 0.0)} of the time; {sentence}.",
           file=sys.stderr)
     if recorder is not None:
         write_trace(recorder, args.trace)
@@ -80,14 +96,70 @@ def cmd_run(args: argparse.Namespace) -> int:
         return INTERRUPTED
     if batches == 0 and args.epochs > 0 and args.steps != 0:
         print(f"conveyor: warning: no batch came out of {args.epochs} epoch(s): "
-              f"{_why_no_batch(stats, plan)}", file=sys.stderr)
+              f"{_why_no_batch(totals.items(), plan)}", file=sys.stderr)
         return 1
     return 0
 
 
-def _why_no_batch(stats: dict[str, Any], plan: Plan) -> str:
+def _total_batches(loader: Loader, args: argparse.Namespace) -> int | None:
+    """The progress bar's total: ``--steps``, or the epochs' batches where ``len()`` is known."""
+    try:
+        per_epoch = len(loader)
+    except (TypeError, ConveyorError):  # the data decide the length: a bar without a total
+        per_epoch = None
+    if per_epoch is None:
+        return args.steps
+    whole = per_epoch * max(args.epochs, 0)
+    return min(whole, args.steps) if args.steps else whole
+
+
+class NodeTotals:
+    """Each node's own counts (``Loader.stats()``), summed over the epochs of a run, so the one
+    table ``conveyor run`` prints has the same span for every column: whole numbers are summed
+    (items, requests, skipped, ...), a padding efficiency is recomputed from the summed tokens,
+    settings (a copy count) are shown as they are, and other figures (ratios, lists) only for a
+    run of one epoch."""
+
+    SETTINGS = frozenset({"copies", "method", "boundaries", "epochs_run_ahead"})  # not per-epoch counts
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.epochs = 0
+
+    def add(self, stats: dict[str, Any]) -> None:
+        self.epochs += 1
+        for name, entry in stats.get("nodes", {}).items():
+            total = self.nodes.setdefault(name, {})
+            for key, value in entry.items():
+                if key in ("op", "perf"):
+                    continue
+                if key in self.SETTINGS:
+                    total[key] = value
+                elif isinstance(value, int) and not isinstance(value, bool):
+                    total[key] = total.get(key, 0) + value
+                elif self.epochs == 1:
+                    total[key] = value
+                else:
+                    total.pop(key, None)
+            if self.epochs > 1 and "real_tokens" in total and total.get("padded_tokens"):
+                total["padding_efficiency"] = round(total["real_tokens"] / total["padded_tokens"], 4)
+
+    def items(self) -> dict[str, int]:
+        """Items out of each node, over the run."""
+        return {name: total.get("items", 0) for name, total in self.nodes.items()}
+
+    def fill(self, rows: dict[str, dict[str, Any]]) -> None:
+        """Give every row its count over the run (also the nodes counted in worker copies) and
+        its own counts as a note."""
+        for name, row in rows.items():
+            total = self.nodes.get(name, {})
+            if row.get("items") is None and "items" in total:
+                row["items"] = total["items"]
+            row["notes"] = ", ".join(f"{k} {v}" for k, v in total.items() if k != "items")
+
+
+def _why_no_batch(counts: dict[str, int], plan: Plan) -> str:
     """Where the items stopped: the first node that received items and yielded none."""
-    counts = {name: entry.get("items", 0) for name, entry in stats.get("nodes", {}).items()}
     for name, node in plan.nodes.items():
         fed = [i for i in node.inputs if counts.get(i)]
         if counts.get(name, 0) == 0 and fed:

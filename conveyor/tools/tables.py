@@ -37,11 +37,15 @@ def node_cells(rows: dict[str, dict[str, Any]]) -> list[list[str]]:
     return lines
 
 
-def node_table(rows: dict[str, dict[str, Any]], sizes: bool = True) -> str:
-    """A fixed-width table: one row per node (``sizes``: with the measured item sizes)."""
+def node_table(rows: dict[str, dict[str, Any]], sizes: bool = True, notes: bool = False) -> str:
+    """A fixed-width table: one row per node (``sizes``: with the measured item sizes;
+    ``notes``: with what each node counts itself, a row's ``notes``)."""
     head, lines = list(NODE_COLUMNS), node_cells(rows)
     if not sizes:
         head, lines = head[:-1], [r[:-1] for r in lines]
+    if notes:
+        head.append("counts")
+        lines = [r + [rows[name].get("notes") or ""] for r, name in zip(lines, rows)]
     widths = [max(len(h), *(len(r[i]) for r in lines)) if lines else len(h) for i, h in enumerate(head)]
     right = {3, 4, 5, 6, 7, 8}
 
