@@ -95,6 +95,39 @@ def test_timeline_counts_items_across_epochs_and_samples_queues():
     assert len(tl.rss) == 4
 
 
+def test_timeline_window_keeps_the_measured_span_from_zero():
+    a = _FakeCounted()
+    tl = Timeline(interval=0.5)
+    for t in (0.0, 0.5, 1.0, 1.5, 2.0, 2.5):
+        a._n = int(100 * t)
+        tl.sample({"a": a}, t)
+    w = tl.window(1.0, 1.0)  # a warm-up of 1 s, then 1 s measured
+    assert w.times == [0.0, 0.5, 1.0] and w.items["a"] == [100, 150, 200] and len(w.rss) == 3
+
+
+def test_every_node_has_its_own_colour_and_charts_end_at_the_span():
+    from conveyor.tools.plots import node_colors
+
+    for n in (3, 8, 9, 17):
+        colours = node_colors([f"n{i}" for i in range(n)])
+        assert len(set(colours.values())) == n
+    chart = line_chart({"a": [(0.0, 1.0), (1.0, 2.0), (2.5, 9.0)]}, title="t", y_label="items", x_max=2.0)
+    ticks = [t for t in _texts(chart) if re.fullmatch(r"\d+\.\d", t)]
+    assert ticks[-1] == "2.0"  # the axis ends at the span, and the point past it is not drawn
+    paths = [el.get("d") for el in ET.fromstring(chart).iter(f"{SVG}path")]
+    assert len(paths) == 1 and paths[0].count("L") == 1  # two points drawn, the third left out
+
+
+def test_tune_svg_shows_the_whole_verdict():
+    long = [tune.Point({"workers": w}, (i,), [100.0 + (i % 2) * 60, 140.0, 90.0]) for i, w in enumerate((1, 2, 3, 4))]
+    verdict = tune.decide(long)
+    svg = tune_svg(long, verdict, cores=2)
+    ET.fromstring(svg)
+    caption = " ".join(t for t in _texts(svg) if t and t[0].isalpha() and t not in ("pick", "best", "tied",
+                                                                                       "workers", "2 cores"))
+    assert verdict.sentence in caption, (verdict.sentence, caption)
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     """``conveyor bench specs/numbers.yaml --report`` run once: (html path, stdout, stderr)."""
@@ -118,7 +151,10 @@ def test_bench_report_is_one_self_contained_page(report):
     for section in ("The graph", "Per node", "Items/s per node", "Queue fill over time", "Items/s over time",
                     "Memory", "peak RSS"):
         assert section in html
-    assert html.count("<svg") >= 4  # graph, queues, rates, RSS
+    assert html.count("<svg") >= 5  # graph, queues, rates of items and of batches, RSS
+    # items/s and batches/s each on their own axis (issue 29, item 7)
+    assert "items/s per node before batching" in html and "batches/s per node from batching on" in html
+    assert "Counts over the measured 1.5 s" in html
     # nothing is fetched: no scripts, stylesheets, images, fonts or imports from anywhere
     assert not re.search(r"<script|<link|<img|<iframe|\bsrc=|@import|url\(\s*['\"]?http", html)
     assert "http" not in html.replace("http://www.w3.org/2000/svg", "")

@@ -128,6 +128,22 @@ def test_tune_command_with_noise_writes_no_params_file(capsys, monkeypatch, tmp_
     assert f"not written: {out_file} (no pick)" in out and not out_file.exists()
 
 
+def test_tune_report_with_no_pick_draws_the_curve_and_benches_nothing(capsys, monkeypatch, tmp_path):
+    # issue 29, item 7: after saying "no pick", --report went on to bench the fastest setting
+    from conveyor.tools import bench
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(tune, "measure_loader", lambda seconds, warmup: Planted(
+        {1: 450.0, 2: 500.0}, [0.3, -0.3, 0.25, -0.25, 0.0, 0.0]))
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("benched a setting after no pick"))
+    page = tmp_path / "tune.html"
+    assert cli.main(["tune", "specs/numbers.yaml", "--param", "workers=1,2", "--report", str(page)]) == 0
+    out = capsys.readouterr().out
+    assert "no pick: workers=" in out and f"report: written to {page} (the curve only: no pick to bench)" in out
+    html = page.read_text(encoding="utf-8")
+    assert "No setting was benched" in html and "<svg" in html and "cannot be told apart" in html
+
+
 def test_a_real_short_sweep_measures_every_setting_in_every_round():
     doc = read_spec(REPO / "specs" / "numbers.yaml")
     grid = tune.parse_grid(["workers=1,2"], {"workers": 2})

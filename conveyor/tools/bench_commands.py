@@ -4,7 +4,8 @@
 limiting node and the memory the buffers hold; ``--report`` writes all of it, with charts, as
 one HTML page. ``tune`` measures params in alternating rounds and picks the knee of the
 throughput curve, or says the noise hides it (``--plot`` draws the curve as SVG, ``--write``
-saves the pick as a params file, ``--report`` benches the pick): both run ``bench_report``.
+saves the pick as a params file, ``--report`` benches the pick, or draws the curve alone when
+there is none): both run ``bench_report``.
 """
 
 from __future__ import annotations
@@ -118,11 +119,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
             with open(args.write, "w", encoding="utf-8") as f:
                 f.write(tune.params_yaml(verdict.pick.params, header))
             print(f"wrote {args.write}")
-    if args.report:
-        chosen = verdict.pick or verdict.best
-        plan = check_spec(doc, {**base, **chosen.params})
+    if args.report and verdict.pick is None:  # nothing to bench: the page has the curve alone
+        from conveyor.tools.report import render_tune_page
+
+        with open(args.report, "w", encoding="utf-8") as f:
+            f.write(render_tune_page(points, verdict, title=f"conveyor tune {args.spec}: no pick"))
+        print(f"report: written to {args.report} (the curve only: no pick to bench)")
+    elif args.report:
+        plan = check_spec(doc, {**base, **verdict.pick.params})
         bench_report(args, plan, tune=(points, verdict),
-                      title=f"conveyor tune {args.spec}: bench of {chosen.label()}")
+                     title=f"conveyor tune {args.spec}: bench of {verdict.pick.label()}")
     return 0
 
 

@@ -16,13 +16,17 @@ from conveyor.tools.tables import pct
 
 
 def node_rows(loader: Loader, raws: dict[str, dict], wall: float) -> dict[str, dict[str, Any]]:
-    """Per node: op, items over ``wall`` seconds and the perf figures (instrument.node_perf)."""
+    """Per node: op, items over ``wall`` seconds, the perf figures (instrument.node_perf) and
+    ``unit``: what one of its items is, ``"batches"`` from a batching op on, else ``"items"``."""
     counted = counted_nodes(loader)
     plan = loader._c.plan
     perf = node_perf(counted, {n: plan.nodes[n].inputs for n in counted}, raws, wall)
     rows: dict[str, dict[str, Any]] = {}
     for name in loader._c.order:
-        row: dict[str, Any] = {"op": plan.nodes[name].op.name, "items": None, "perf": None}
+        node = plan.nodes[name]
+        batched = node.op.batches or any(rows.get(i, {}).get("unit") == "batches" for i in node.inputs)
+        row: dict[str, Any] = {"op": node.op.name, "items": None, "perf": None,
+                               "unit": "batches" if batched else "items"}
         if name in counted:
             row["items"] = raws[name].get("items", 0)
             row["perf"] = perf.get(name)

@@ -120,6 +120,7 @@ class Drive:
     data_wait_s: float = 0.0      # time the trainer spent in iter()/next()
     starts_s: float = 0.0         # of which: iter() to the first batch of each epoch
     trainer_s: float = 0.0        # time the simulated trainer spent on its steps
+    t_measured: float | None = None  # time.perf_counter() where the measured window began
     raws: dict[str, dict] = field(default_factory=dict)  # counters over the window, per node
 
     @property
@@ -225,7 +226,7 @@ def drive(loader: Loader, *, seconds: float, warmup: float, step_time: float = 0
                     out.trainer_s += clock() - now
                 now = clock()
             if t_meas is None and now - t_begin >= warmup:
-                t_meas = next_report = now
+                t_meas = next_report = out.t_measured = now
                 meter.mark()
             elif t_meas is not None and progress is not None and now >= next_report + every:
                 next_report = now

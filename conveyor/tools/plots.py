@@ -17,10 +17,24 @@ import os
 from html import escape
 from typing import Any, Mapping, Sequence
 
-__all__ = ["graph_svg", "line_chart", "tune_svg"]
+__all__ = ["graph_svg", "line_chart", "node_colors", "tune_svg"]
 
 _FONT = "font-family='sans-serif'"
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+def node_colors(names: Sequence[str]) -> dict[str, str]:
+    """A colour for each name, all different: the palette, then hues spread evenly past it."""
+    names = list(names)
+    if len(names) <= len(_COLORS):
+        return dict(zip(names, _COLORS))
+    import colorsys
+
+    out = {}
+    for i, name in enumerate(names):  # golden-ratio steps keep neighbours apart
+        r, g, b = colorsys.hls_to_rgb((i * 0.618034) % 1.0, 0.42 + 0.12 * (i % 3), 0.65)
+        out[name] = f"#{round(255 * r):02x}{round(255 * g):02x}{round(255 * b):02x}"
+    return out
 
 
 def _f(x: float) -> str:
@@ -41,6 +55,13 @@ def _nice_max(v: float) -> float:
 def _text(x: float, y: float, s: str, *, size: int = 12, anchor: str = "start", extra: str = "") -> str:
     return (f"<text x='{_f(x)}' y='{_f(y)}' font-size='{size}' text-anchor='{anchor}' {_FONT} {extra}>"
             f"{escape(s)}</text>")
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken at spaces."""
+    import textwrap
+
+    return textwrap.wrap(text, width) or [""]
 
 
 def _y_axis(x0: float, y0: float, h: float, top: float, label: str, width: float) -> list[str]:
@@ -70,7 +91,9 @@ def tune_svg(points: Sequence[Any], verdict: Any, *, title: str = "", cores: int
         cores: the reference line (default: ``os.cpu_count()``).
     """
     cores = os.cpu_count() if cores is None else cores
-    left, right, top_m, bottom = 70, 20, 40, 60
+    caption = _wrap(verdict.sentence, 110)
+    height += 12 * (len(caption) - 1)  # room for the whole verdict below the axis
+    left, right, top_m, bottom = 70, 20, 40, 60 + 12 * (len(caption) - 1)
     pw, ph = width - left - right, height - top_m - bottom
     x0, y0 = left, top_m + ph
     keys = list(points[0].params) if points else []
@@ -125,16 +148,17 @@ def tune_svg(points: Sequence[Any], verdict: Any, *, title: str = "", cores: int
             out.append(_text(px, y(p.high) - 10, mark, size=11, anchor="middle", extra="font-weight='bold'"))
         lab = _f(float(p.params[keys[0]])) if numeric else p.label()
         out.append(_text(px, y0 + 16, lab, size=11, anchor="middle"))
-    out.append(_text(x0 + pw / 2, height - 22, keys[0] if numeric else "setting", size=12, anchor="middle"))
-    out.append(_text(x0 + pw / 2, height - 6, verdict.sentence[:110], size=10, anchor="middle",
-                     extra="fill='#555'"))
+    out.append(_text(x0 + pw / 2, y0 + 38, keys[0] if numeric else "setting", size=12, anchor="middle"))
+    for i, line in enumerate(caption):  # the whole sentence, on as many lines as it needs
+        out.append(_text(x0 + pw / 2, height - 6 - 12 * (len(caption) - 1 - i), line, size=10,
+                         anchor="middle", extra="fill='#555'"))
     out.append("</svg>")
     return "\n".join(out)
 
 
 def line_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: str, y_label: str,
-               x_label: str = "seconds", y_max: float | None = None, width: int = 640,
-               height: int = 260) -> str:
+               x_label: str = "seconds", y_max: float | None = None, x_max: float | None = None,
+               colors: Mapping[str, str] | None = None, width: int = 640, height: int = 260) -> str:
     """Lines of ``(x, y)`` points, one per named series, with a legend.
 
     Args:
@@ -143,13 +167,18 @@ def line_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: st
         y_label: the y axis's label.
         x_label: the x axis's label.
         y_max: the axis top (default: from the data).
+        x_max: the x axis's end (default: the last point); points past it are left out.
+        colors: name -> colour (default: the palette, in the series' order).
     """
     left, right, top_m, bottom = 70, 150, 34, 40
     pw, ph = width - left - right, height - top_m - bottom
     x0, y0 = left, top_m + ph
+    if x_max:
+        series = {name: [(x, v) for x, v in pts if x <= x_max] for name, pts in series.items()}
     xs = [x for pts in series.values() for x, _ in pts]
     ys = [v for pts in series.values() for _, v in pts]
-    xmax = max(xs, default=1.0) or 1.0
+    xmax = x_max or max(xs, default=1.0) or 1.0
+    palette = node_colors(list(series)) if colors is None else colors
     top = y_max if y_max else _nice_max(max(ys, default=1.0) * 1.05)
     out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{height}' "
            f"viewBox='0 0 {width} {height}' role='img'>",
@@ -162,7 +191,7 @@ def line_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, title: st
         out.append(_text(x0 + pw * i / 4, y0 + 15, f"{v:.1f}", size=11, anchor="middle"))
     out.append(_text(x0 + pw / 2, height - 6, x_label, size=12, anchor="middle"))
     for k, (name, pts) in enumerate(series.items()):
-        color = _COLORS[k % len(_COLORS)]
+        color = palette.get(name) or _COLORS[k % len(_COLORS)]
         if pts:
             d = " ".join(f"{'M' if i == 0 else 'L'}{_f(x0 + pw * x / xmax)},{_f(y0 - ph * min(v, top) / top)}"
                          for i, (x, v) in enumerate(pts))

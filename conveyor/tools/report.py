@@ -28,10 +28,10 @@ from typing import Any, Sequence
 
 from conveyor.tools.bench import BenchResult
 from conveyor.tools.measure import status_bytes
-from conveyor.tools.plots import graph_svg, line_chart, tune_svg
+from conveyor.tools.plots import graph_svg, line_chart, node_colors, tune_svg
 from conveyor.tools.tables import NODE_COLUMNS, fmt_bytes, node_cells, node_table, pct
 
-__all__ = ["Timeline", "render_report", "write_report"]
+__all__ = ["Timeline", "render_report", "render_tune_page", "write_report"]
 
 
 class Timeline:
@@ -92,6 +92,19 @@ class Timeline:
                 self.queues.setdefault(name, []).append(ready)
         self.rss.append(status_bytes("VmRSS").get("VmRSS"))
 
+    def window(self, start: float, seconds: float) -> "Timeline":
+        """The samples from ``start`` seconds (on this timeline's clock) for ``seconds``, with the
+        clock restarted at 0 there: the measured window of a bench, without its warm-up."""
+        keep = [i for i, t in enumerate(self.times) if start <= t <= start + seconds + self.interval / 2]
+        out = Timeline(interval=self.interval, max_samples=self.max_samples)
+        out.times = [self.times[i] - start for i in keep]
+        out.items = {n: [v[i] for i in keep] for n, v in self.items.items()}
+        out.queues = {n: [v[i] for i in keep] for n, v in self.queues.items()}
+        out.capacity = dict(self.capacity)
+        out.rss = [self.rss[i] for i in keep]
+        out._t0 = self._t0 + start
+        return out
+
     def rates(self, window: float = 0.5) -> dict[str, list[tuple[float, float]]]:
         """Items/s per node over time, each point over the last ``window`` seconds."""
         out: dict[str, list[tuple[float, float]]] = {}
@@ -127,19 +140,31 @@ def _rows_html(result: BenchResult) -> str:
     return "\n".join(out)
 
 
-def _rate_bars(result: BenchResult) -> str:
+def _unit(row: dict[str, Any]) -> str:
+    return row.get("unit") or "items"
+
+
+def _rate_bars(result: BenchResult, colors: dict[str, str]) -> str:
+    """A bar per node, to one scale per unit: items/s beside items/s, batches/s beside batches/s."""
     rates = {n: (r.get("perf") or {}).get("items_per_s") for n, r in result.nodes.items()}
-    top = max((v for v in rates.values() if v), default=0.0)
+    tops: dict[str, float] = {}
+    for name, v in rates.items():
+        unit = _unit(result.nodes[name])
+        tops[unit] = max(tops.get(unit, 0.0), v or 0.0)
     out = ["<table id='rates'>"]
     for name, v in rates.items():
+        unit = _unit(result.nodes[name])
+        top = tops[unit]
         width = 0 if not v or not top else round(400 * v / top)
-        out.append(f"<tr><td>{escape(name)}</td><td>{'-' if v is None else f'{v:,.1f}'}</td>"
-                   f"<td style='text-align:left'><span class='bar' style='width:{width}px'></span></td></tr>")
+        per = "batches/s" if unit == "batches" else "items/s"
+        out.append(f"<tr><td>{escape(name)}</td><td>{'-' if v is None else f'{v:,.1f} {per}'}</td>"
+                   f"<td style='text-align:left'><span class='bar' style='width:{width}px;"
+                   f"background:{colors.get(name, '#1f77b4')}'></span></td></tr>")
     out.append("</table>")
     return "\n".join(out)
 
 
-def _memory_html(result: BenchResult, timeline: Timeline | None) -> str:
+def _memory_html(result: BenchResult, timeline: Timeline | None, span: float | None) -> str:
     out = [f"<p>The buffers can hold up to <b>~{fmt_bytes(result.buffer_bytes)}</b> (each buffering node's "
            "capacity x its measured item size):</p>", "<table id='memory'><tr><th>node</th><th>holds</th>"
            "<th>items</th><th>item size</th><th>bytes</th></tr>"]
@@ -153,7 +178,7 @@ def _memory_html(result: BenchResult, timeline: Timeline | None) -> str:
                    f"{fmt_bytes(result.rss_before)}.</p>")
     if timeline is not None and any(v is not None for v in timeline.rss):
         pts = [(t, v / 2**20) for t, v in zip(timeline.times, timeline.rss) if v is not None]
-        out.append(line_chart({"RSS": pts}, title="resident memory over time", y_label="MiB"))
+        out.append(line_chart({"RSS": pts}, title="resident memory over time", y_label="MiB", x_max=span))
     return "\n".join(out)
 
 
@@ -172,6 +197,10 @@ def render_report(result: BenchResult, timeline: Timeline | None = None, *, orde
     """
     d = result.drive
     order = list(order or result.nodes)
+    colors = node_colors(order)  # one colour per node, the same in every chart
+    span = d.seconds or None
+    if timeline is not None and d.t_measured is not None and timeline._t0:
+        timeline = timeline.window(d.t_measured - timeline._t0, d.seconds)  # the measured span only
     boxes = {}
     for name in order:
         row = result.nodes.get(name, {})
@@ -204,31 +233,59 @@ def render_report(result: BenchResult, timeline: Timeline | None = None, *, orde
               "<p class='note'>Each box: the node's items/s, what runs it, and its shares of the time "
               "busy (producing) and waiting on its inputs. The node that limits the graph is outlined.</p>",
               graph_svg(order, inputs or {}, boxes, highlight=result.bottleneck),
-              "<h2>Per node</h2>", _rows_html(result),
-              "<h2>Items/s per node</h2>", _rate_bars(result)]
+              "<h2>Per node</h2>",
+              f"<p class='note'>Counts over the measured {d.seconds:.1f} s (after the warm-up), as in the "
+              "text below; the charts over time cover the same span.</p>", _rows_html(result),
+              "<h2>Items/s per node</h2>", _rate_bars(result, colors)]
     if timeline is not None and timeline.times:
         if timeline.queues:
-            series = {f"{n} (of {timeline.capacity.get(n, '?')})":
-                      [(t, float(v)) for t, v in zip(timeline.times, vals) if v is not None]
-                      for n, vals in timeline.queues.items()}
+            series, shades = {}, {}
+            for n, vals in timeline.queues.items():
+                label = f"{n} (of {timeline.capacity.get(n, '?')})"
+                series[label] = [(t, float(v)) for t, v in zip(timeline.times, vals) if v is not None]
+                shades[label] = colors.get(n, "#1f77b4")
             parts += ["<h2>Queue fill over time</h2>",
                       "<p class='note'>Items ready in each buffered node when sampled: a queue that stays "
                       "empty waits on its inputs; one that stays full waits on its consumer.</p>",
-                      line_chart(series, title="items ready", y_label="items")]
-        parts += ["<h2>Items/s over time</h2>",
-                  line_chart(timeline.rates(), title="items/s per node (0.5 s windows)", y_label="items/s")]
-    parts += ["<h2>Memory</h2>", _memory_html(result, timeline)]
+                      line_chart(series, title="items ready", y_label="items", x_max=span, colors=shades)]
+        rates = timeline.rates()
+        parts.append("<h2>Items/s over time</h2>")
+        for unit, title in (("items", "items/s per node before batching (0.5 s windows)"),
+                            ("batches", "batches/s per node from batching on (0.5 s windows)")):
+            chosen = {n: pts for n, pts in rates.items() if _unit(result.nodes.get(n, {})) == unit}
+            if chosen:
+                parts.append(line_chart(chosen, title=title, y_label=f"{unit}/s", x_max=span, colors=colors))
+    parts += ["<h2>Memory</h2>", _memory_html(result, timeline, span)]
     if tune is not None:
-        points, verdict = tune
-        from conveyor.tools.tune import format_curve
-
-        parts += ["<h2>Tune curve</h2>", tune_svg(points, verdict, title="samples/s by setting"),
-                  f"<p id='tune-verdict'>{escape(verdict.sentence)}.</p>",
-                  f"<pre>{escape(format_curve(points, verdict))}</pre>"]
+        parts += _tune_parts(*tune)
     parts += ["<h2>As text</h2>", f"<pre>{escape(node_table(result.nodes))}</pre>"]
     parts += [f"<p class='note'>note: {escape(n)}</p>" for n in result.notes]
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _tune_parts(points: Sequence[Any], verdict: Any) -> list[str]:
+    from conveyor.tools.tune import format_curve
+
+    return ["<h2>Tune curve</h2>", tune_svg(points, verdict, title="samples/s by setting"),
+            f"<p id='tune-verdict'>{escape(verdict.sentence)}.</p>",
+            f"<pre>{escape(format_curve(points, verdict))}</pre>"]
+
+
+def render_tune_page(points: Sequence[Any], verdict: Any, *, title: str) -> str:
+    """``conveyor tune --report`` when the sweep named no pick: the curve and the verdict, and
+    no bench (there is no setting to bench: benching the fastest would contradict the verdict)."""
+    now = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    return "\n".join([
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{escape(title)}</h1>",
+        f"<p class='meta'>{now} on {escape(platform.node() or 'this machine')}: {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}.</p>",
+        "<div class='verdict' id='bottleneck'>No setting was benched: the sweep named no pick. Measure "
+        "longer (--seconds) or with more rounds (--rounds), or bench a setting yourself with "
+        "conveyor bench SPEC --set K=V --report FILE.</div>",
+        *_tune_parts(points, verdict), "</body></html>"])
 
 
 def write_report(path: str, result: BenchResult, timeline: Timeline | None = None, **kwargs: Any) -> None:
