@@ -274,3 +274,19 @@ def test_the_progress_bar_has_a_total_where_the_length_is_known():
     with load_graph(str(REPO / "specs" / "text.yaml")) as loader:  # length buckets: the data decide
         assert _total_batches(loader, argparse.Namespace(epochs=2, steps=None)) is None
         assert _total_batches(loader, argparse.Namespace(epochs=2, steps=3)) == 3
+
+
+def test_validate_warns_when_a_local_root_does_not_exist(capsys, tmp_path):
+    # issue 29, item 7: validate said ok and the error came only at the first batch
+    missing = tmp_path / "imagenet" / "train"
+    assert cli.main(["validate", str(REPO / "specs" / "imagenet.yaml"), "--set", f"root={missing}"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"conveyor: warning: node 'files' (list_files) reads from {missing}/*/**, but {missing} does "
+                   f"not exist ({tmp_path} does): the run would fail at its first batch (check the root param, "
+                   "e.g. --set root=...)"]
+    missing.mkdir(parents=True)
+    assert cli.main(["validate", str(REPO / "specs" / "imagenet.yaml"), "--set", f"root={missing}"]) == 0
+    assert capsys.readouterr().err == ""
+    # a remote root is not looked at (validate makes no request)
+    assert cli.main(["validate", str(REPO / "specs" / "imagenet.yaml"), "--set", "root=s3://b/train"]) == 0
+    assert capsys.readouterr().err == ""

@@ -78,6 +78,7 @@ def test_the_facts_that_replaced_the_tables_of_op_names():
         return sorted(n for n in builtin_op_names() if fact(get_op(n)))
 
     assert having(lambda op: op.listing) == ["list_files", "list_lmdb"]
+    assert having(lambda op: op.reads_from is not None) == ["list_files", "list_lmdb"]
     assert having(lambda op: op.batches) == ["batch", "bucket_batch"]
     assert having(lambda op: op.collates) == ["collate", "pad_collate"]
     assert having(lambda op: op.pass_through) == ["pin_memory", "prefetch", "to_device"]

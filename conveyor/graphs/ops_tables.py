@@ -98,10 +98,14 @@ READ_PARQUET = OpSpec("read_parquet", ReadParquetParams, _build_read_parquet, "o
                       items_in='file records {path, ...} (list_files)',
                       items_out='one dict per row, by column',
                       example='rows: {op: read_parquet, columns: [text, label]}')
+def _reads_from_path(p: ListLmdbParams) -> list[str]:
+    return [p.path]
+
+
 LIST_LMDB = OpSpec("list_lmdb", ListLmdbParams, _build_list_lmdb, "none",
                    "keys of a local LMDB environment in key order, as {lmdb, key, label, index}; a "
                    "global order (elastic above a shard)", _check_list_lmdb,
-                   length=listed_count, listing=True, per_record=True,
+                   length=listed_count, listing=True, per_record=True, reads_from=_reads_from_path,
                    items_in='', items_out='{lmdb, key, label, index} per key, in key order',
                    example='keys: {op: list_lmdb, path: "${root}/train.lmdb", shuffle: true}')
 READ_LMDB = OpSpec("read_lmdb", ReadLmdbParams, _build_read_lmdb, "one",

@@ -130,6 +130,8 @@ class OpSpec:
             counts may differ by rank.
         listing: a source that lists files or keys itself on every rank; the ranks compare
             their listings (graphs/listings.py).
+        reads_from: the URLs or paths its params name as where it reads (a glob, a folder, a
+            file); ``conveyor validate`` warns when a local one does not exist.
         batches: it makes lists of items (batch, bucket_batch): the default end of graph-level
             worker copies, and where ``conveyor check`` cuts the graph.
         collates: it stacks a batch (a list of samples) into one: a batching op must come
@@ -176,6 +178,7 @@ class OpSpec:
     keeps_count: KeepsCount = "never"
     shards_itself: bool = False
     listing: bool = False
+    reads_from: Callable[[Any], list[str]] | None = None
     batches: bool = False
     collates: bool = False
     per_record: bool | Callable[[Any], bool] = False

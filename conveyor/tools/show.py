@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import sys
 from typing import Any
 
 from conveyor.graphs.compile import compile_plan, node_params
@@ -96,7 +98,35 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for name, node in plan.nodes.items():
         src = f" <- {', '.join(node.inputs)}" if node.inputs else ""
         print(f"  {name} ({node.op.name}){src}")
+    for warning in missing_roots(plan):
+        print(f"conveyor: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def missing_roots(plan: Plan) -> list[str]:
+    """A sentence for each local path a node reads from (``OpSpec.reads_from``) whose fixed
+    part, before any wildcard, does not exist: the run would fail at its first batch."""
+    from conveyor.storage import fixed_part, is_local
+
+    out = []
+    for name, node in plan.nodes.items():
+        if node.op.reads_from is None:
+            continue
+        for url in node.op.reads_from(node.params):
+            if not isinstance(url, str) or not url or not is_local(url):
+                continue
+            path = url[len("file://"):] if url.startswith("file://") else url
+            fixed, wild = fixed_part(path)
+            folder = fixed.rsplit("/", 1)[0] if wild and "/" in fixed else fixed
+            if folder and not os.path.exists(folder):
+                shown = folder
+                while shown not in ("", "/") and not os.path.exists(shown):
+                    shown = os.path.dirname(shown.rstrip("/"))
+                near = f" ({shown} does)" if shown not in ("", "/") else ""
+                out.append(f"node '{name}' ({node.op.name}) reads from {url}, but {folder} does not exist"
+                           f"{near}: the run would fail at its first batch (check the root param, "
+                           "e.g. --set root=...)")
+    return out
 
 
 def _hide_secrets(text: str, plan: Plan) -> str:
