@@ -45,7 +45,7 @@ from conveyor.nodes._workers.batch_slabs import Slabs
 from conveyor.nodes._workers.child_processes import threads_instead
 from conveyor.nodes._workers.map_calls import Call, Enumerate, Failed, Slotted
 from conveyor.nodes._workers.map_engines import SKIP_KEY, SOURCE_KEY, InlineEngine, ProcessEngine, ThreadEngine
-from conveyor.nodes._workers.torchdata_threads import CarryErrors, Raised
+from conveyor.nodes._workers.torchdata_threads import CarryErrors, Raised, Untravelled
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,11 @@ class Map(BaseNode):
         """What this node's workers are doing, in words (for the loader's watchdog)."""
         return self.engine.waiting_on()
 
+    def worker_pids(self) -> list[int]:
+        """The pids of this node's worker processes this epoch (``method="process"``; none
+        inline or with threads)."""
+        return self.engine.worker_pids()
+
     def probe(self) -> tuple[Callable[[], int], int] | None:
         """(a callable giving the results ready, how many may be in flight) for the
         instrumentation's queue samples; None inline or before the first epoch."""
@@ -177,8 +182,8 @@ class Map(BaseNode):
     def next(self):
         while True:
             out = self._next()
-            if isinstance(out, Raised):
-                raise out.exc
+            if isinstance(out, Raised):  # an error of the input (text only, if it could not travel)
+                raise out.exc.at(f"{self.where}, from its input") if isinstance(out.exc, Untravelled) else out.exc
             if not isinstance(out, Failed):
                 return out
             self.errors.fail(out)
