@@ -169,6 +169,10 @@ class MapBatches(BaseNode):
     def close(self) -> None:
         self._map.close()
 
+    def worker_pids(self) -> list[int]:
+        """The pids of the worker processes running ``fn`` this epoch (see ``Map``)."""
+        return self._map.worker_pids()
+
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self._out, self._pos = [], 0
