@@ -20,7 +20,11 @@ naming the node (``on_error="raise"``), or counted and skipped (``on_error="skip
 count is in ``stats()["skipped"]`` and the first few are logged with their messages. A
 ``SourceError`` (``fn`` reading a remote path: a missing bucket, denied access, a server out
 of reach) is raised even with ``skip``: it is no bad item (recognised by its type where it
-was raised, so also from a worker process: ``_workers/map_calls.py``).
+was raised, so also from a worker process: ``_workers/map_calls.py``). A ``StopIteration``
+from ``fn`` is a ``SampleError`` naming ``fn`` and the item (raised as it is, it would end the
+stream there). A worker process that dies (the out-of-memory killer) is a ``WorkerError``
+naming the node, its pid and the signal, raised within a fraction of a second; the state
+from before it resumes exactly (``worker_pids()`` gives the pids).
 
 With ``slab=N`` (the compiler sets it to the batch size when the map's thread workers feed
 ``batch`` then ``collate``) and an ``fn`` that takes an ``into`` argument (``conveyor.image``'s
