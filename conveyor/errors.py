@@ -97,14 +97,7 @@ class WorkerError(ConveyorError, RuntimeError):
         super().__init__(message)
         self.node = node
         self.pid = pid
-        self.exitcode = exitcode
-
-    def __reduce__(self) -> tuple:
-        return (_worker_error, (str(self), self.node, self.pid, self.exitcode))
-
-
-def _worker_error(message: str, node: str, pid: int | None, exitcode: int | None) -> WorkerError:
-    return WorkerError(message, node=node, pid=pid, exitcode=exitcode)
+        self.exitcode = exitcode  # (pickles as any exception: its args, then these fields)
 
 
 _HINT_CHOICES = 300  # at most this many choices are compared (those nearest in length)

@@ -160,6 +160,17 @@ def test_a_killed_map_batches_worker_process_is_an_error() -> None:
     assert all(_gone(p) for p in pids)
 
 
+def test_a_worker_error_keeps_its_fields_and_notes_through_pickle() -> None:
+    import pickle
+
+    err = WorkerError("node 'decode' (map): worker (pid 7) was killed by signal 9 (SIGKILL)",
+                      node="node 'decode' (map)", pid=7, exitcode=-9)
+    err.add_note("in worker copy 0")  # a map in a worker copy: the error crosses to the main process
+    back = pickle.loads(pickle.dumps(err))
+    assert (str(back), back.node, back.pid, back.exitcode, back.__notes__) == (
+        str(err), "node 'decode' (map)", 7, -9, ["in worker copy 0"])
+
+
 def test_thread_workers_have_no_pids_to_kill() -> None:
     from conveyor.nodes import Map
 

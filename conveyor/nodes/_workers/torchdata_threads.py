@@ -49,7 +49,7 @@ class Untravelled(RuntimeError):
             self.add_note(note)
 
     def __reduce__(self) -> tuple:
-        return (Untravelled, (self.kind, self.text, self.trace, self.where, self.notes))
+        return (Untravelled, (self.kind, self.text, self.trace, self.where, self.notes), self.__dict__)
 
     def at(self, where: str) -> "Untravelled":
         """This error, named after ``where`` if it names no node yet."""
