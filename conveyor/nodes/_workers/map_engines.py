@@ -34,6 +34,7 @@ from conveyor.nodes._workers.ordered_threads import OrderedThreads
 from conveyor.nodes._workers.torchdata_threads import shutdown_torchdata
 
 CLOSE_WAIT = 10.0  # seconds close() gives worker processes to leave (a stopped one: none)
+DEATH_WAIT = 1.0   # the same, after one of them died
 SOURCE_KEY, SKIP_KEY = "source", "skip"  # a saved position, as Map's state holds it
 
 
@@ -168,7 +169,9 @@ class ProcessEngine:
             self._lingering = [t for t in self._lingering if t.is_alive()]
             self._lingering += shutdown_torchdata(self.pm)  # asks workers to stop; joins each 0.5 s
             self.pm = None
-            self._watch = None
+            died, self._watch = self._watch is not None and self._watch.error is not None, None
+            if died:  # a survivor may wait for ever on a queue lock the dead one held: end them now
+                end_processes([(f"{self.where}: worker process", p) for p in procs], wait=DEATH_WAIT)
             self._retired = [p for p in self._retired + procs if p.is_alive()]
 
     def start(self, state: dict | None) -> None:
