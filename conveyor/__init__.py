@@ -5,7 +5,7 @@ torchdata nodes and returns a ``Loader`` with epochs, exact mid-epoch resume and
 """
 
 from conveyor.errors import (ConveyorError, SampleError, SourceError, SpecError, SpecErrors,
-                             StateError)
+                             StateError, WorkerError)
 from conveyor.graphs.api import check_spec, load_graph
 from conveyor.graphs.builder import Graph
 from conveyor.graphs.elastic import dcp_states
@@ -20,6 +20,7 @@ __all__ = [
     "SpecError",
     "SpecErrors",
     "StateError",
+    "WorkerError",
     "check_spec",
     "dcp_states",
     "load_graph",

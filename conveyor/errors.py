@@ -5,7 +5,9 @@ runs; it carries where (``path``, ``line``, ``col``) and what (``node``, ``op``,
 as attributes. ``SpecErrors`` gathers every mistake of one spec, since the compiler reports
 them all at once. ``StateError`` is a saved state that does not fit the graph it is loaded
 into. ``SampleError`` is one bad input item (a corrupt image, a line that is not JSON): it
-names the file and, where it has one, the line. ``did_you_mean`` is the hint that messages
+names the file and, where it has one, the line. ``WorkerError`` is a worker process that died
+under the loader (the out-of-memory killer's SIGKILL, a crash in native code): it names the
+node, the pid and the signal or exit code. ``did_you_mean`` is the hint that messages
 naming a wrong choice end with (a param, a node, an op, a storage option).
 """
 
@@ -76,6 +78,26 @@ class SampleError(ConveyorError):
 
 class SourceError(ConveyorError, FileNotFoundError):
     """A source that cannot be read at all (no file matches, no such bucket); names the URL."""
+
+
+class WorkerError(ConveyorError, RuntimeError):
+    """A worker process that died while the loader ran (killed by a signal, or gone without
+    a word); a ``RuntimeError`` too, as ``DataLoader``'s "worker (pid N) is killed by signal".
+
+    The loader's state from before the error is intact: a new loader resumes from it exactly.
+
+    Args:
+        message: what died, and how, in words.
+        node: the node (or the worker copies) the process worked for.
+        pid: the process's id.
+        exitcode: its exit code; ``-N`` when it was killed by signal N.
+    """
+
+    def __init__(self, message: str, *, node: str = "", pid: int | None = None, exitcode: int | None = None):
+        super().__init__(message)
+        self.node = node
+        self.pid = pid
+        self.exitcode = exitcode  # (pickles as any exception: its args, then these fields)
 
 
 _HINT_CHOICES = 300  # at most this many choices are compared (those nearest in length)

@@ -147,3 +147,49 @@ def slow(item, *, seconds: float = 1.0):
 
     time.sleep(seconds)
     return item
+
+
+def slow_list(items, *, seconds: float = 0.05):
+    """The items, after ``seconds`` (map_batches' fn): keeps worker processes busy."""
+    import time
+
+    time.sleep(seconds)
+    return list(items)
+
+
+def stop_on_three(item):
+    """Raise ``StopIteration`` for 3 (a fn that calls ``next()`` on an exhausted iterator)."""
+    if item == 3:
+        raise StopIteration("nothing left")
+    return item
+
+
+def stop_on_three_list(items):
+    """``stop_on_three`` for map_batches."""
+    return [stop_on_three(i) for i in items]
+
+
+class StopsAtThree:
+    """A map-style dataset of 0..5 whose ``__getitem__`` raises ``StopIteration`` for index 3."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> dict:
+        if i == 3:
+            raise StopIteration
+        return {"x": i}
+
+
+def fails_at_two():
+    """A generator of 0, 1, then a ``ValueError`` (an iterable source that breaks)."""
+    yield 0
+    yield 1
+    raise ValueError("the stream broke")
+
+
+def two_arg_error_at_index_three(record):
+    """Raise ``TwoArgError("no", 3)`` for the record of index 3, else return it."""
+    if record["index"] == 3:
+        raise TwoArgError("no", 3)
+    return record

@@ -154,7 +154,7 @@ def test_a_worker_that_exits_at_start_is_named_with_a_hint() -> None:
 
     node = WorkerCopies(exit_in_copy, copies=2, method="process", start_timeout=30)
     try:
-        with pytest.raises(RuntimeError, match="worker copy 0 exited with code 1 .*if __name__ == '__main__'"):
+        with pytest.raises(RuntimeError, match=r"worker copy 0 \(pid \d+\) exited with code 1 .*if __name__ == '__main__'"):
             node.reset(None)
     finally:
         node.close()
@@ -165,6 +165,7 @@ def test_a_worker_killed_mid_epoch_is_an_error_naming_the_signal() -> None:
     import os
     import signal
 
+    from conveyor import WorkerError
     from conveyor.nodes.copies import WorkerCopies
     from helpers_fns import endless_big_items
 
@@ -172,10 +173,13 @@ def test_a_worker_killed_mid_epoch_is_an_error_naming_the_signal() -> None:
     try:
         node.reset(None)
         next(node)
-        os.kill(node._workers[1].pid, signal.SIGKILL)
-        with pytest.raises(RuntimeError, match="worker copy 1 was killed by SIGKILL: often the out-of-memory killer"):
+        pid = node.worker_pids()[1]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match=rf"^worker copies: worker copy 1 \(pid {pid}\) was killed by signal 9 "
+                                              r"\(SIGKILL\): often the out-of-memory killer") as err:
             for _ in range(100):  # what it sent before it died comes first
                 next(node)
+        assert (err.value.pid, err.value.exitcode) == (pid, -signal.SIGKILL)
     finally:
         node.close()
 

@@ -143,7 +143,8 @@ def _check_iterable(p: IterableParams, n_inputs: int) -> list[tuple[str, str]]:
 
 
 def _build_iterable(p: IterableParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
-    return IterableSource(functools.partial(_make_iterable, p.iterable, p.args), name=p.iterable)
+    return IterableSource(functools.partial(_make_iterable, p.iterable, p.args), name=p.iterable,
+                          where=ctx.where)
 
 
 ITERABLE = OpSpec("iterable", IterableParams, _build_iterable, "none",

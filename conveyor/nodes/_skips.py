@@ -118,7 +118,7 @@ class OnError:
 
     def fail(self, failed: Any) -> None:
         if self.on_error == "raise" or failed.never_skip:
-            exc = failed.error()
+            exc = failed.error(self.where)
             exc.add_note(f"in {self.where}")
             raise exc
         self.skipped += 1

@@ -22,7 +22,9 @@ Workers start under ``spawn`` by default (safe with the threads a loader runs); 
 must then be picklable. Where the main module cannot be imported again (``python -`` reads it
 from stdin) they run in threads instead, with a warning (``child_processes.threads_instead``).
 Errors in a worker come back as the original exception when it can be pickled, else as a
-``RuntimeError`` with its text; a worker that dies is an error, not a hang.
+``RuntimeError`` that starts with the node, the type and the message, then the traceback; a
+worker process that dies (the out-of-memory killer's SIGKILL) is a ``WorkerError`` naming
+its pid and signal within ``POLL`` seconds, not a hang, and the state before it resumes.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ from torchdata.nodes import BaseNode
 
 from conveyor.nodes._elastic import Cursor, compact
 from conveyor.nodes._skips import LEDGER_KEY, ledgers
-from conveyor.nodes._workers.child_processes import death, describe, end_processes, threads_instead
+from conveyor.nodes._workers.child_processes import describe, died, end_processes, threads_instead
 from conveyor.nodes._workers.chunk_packing import unpack
 from conveyor.nodes._workers.copy_worker import BASE_KEY, END, ERR, ITEMS, POLL, SKIP_KEY, run_worker
 from conveyor.nodes._workers.shared_slots import MAX_SLOTS, Borrower, available
+from conveyor.nodes._workers.torchdata_threads import Untravelled
 from conveyor.nodes._workers.worker_pipe import make_pipe
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,7 @@ class WorkerCopies(BaseNode):
             so cheap items travel in big chunks. An epoch starts with chunks of 8, doubling.
         max_wait: seconds a worker gathers a chunk before sending what it has.
         start_timeout: seconds to wait for a worker to build its copy and start an epoch.
+        where: the copied part in words, for errors (``the worker copies up to node 'parse'``).
 
     Example:
         >>> # see conveyor/graphs/compile.py, which builds the factory from a spec
@@ -85,8 +89,10 @@ class WorkerCopies(BaseNode):
     def __init__(self, factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], *, copies: int,
                  method: str = "process", mp_context: str | None = "spawn", depth: int = 8,
                  pipe_bytes: int = 1 << 18, run_ahead: bool = True,
-                 chunk: int = 256, max_wait: float = 0.05, start_timeout: float = 300.0):
+                 chunk: int = 256, max_wait: float = 0.05, start_timeout: float = 300.0,
+                 where: str = "worker copies"):
         super().__init__()
+        self.where = where
         if not isinstance(copies, int) or copies < 1:
             raise ValueError(f"{copies=} must be an int >= 1")
         if method not in METHODS:
@@ -174,8 +180,8 @@ class WorkerCopies(BaseNode):
                     broken = not isinstance(gone, queue.Empty)
                     if broken:  # its pipe closed, maybe half-way through a message: it is exiting
                         self._workers[w].join(timeout=5)
-                    if not self._workers[w].is_alive():
-                        raise RuntimeError(f"worker copy {w} {death(self._workers[w])}") from None
+                    if not self._workers[w].is_alive():  # killed (the OOM killer), or crashed
+                        raise self._died(w) from None
                     if broken:
                         raise RuntimeError(f"worker copy {w}: its pipe broke ({gone})") from gone
                     if deadline is not None and time.monotonic() > deadline:
@@ -184,7 +190,7 @@ class WorkerCopies(BaseNode):
                 if msg[1] == ITEMS and self._credits[w] is not None:
                     self._credits[w].release()  # taken (or dropped, if stale): the worker may send another
                 if msg[0] == -1 and msg[1] == ERR:
-                    raise msg[2]
+                    self._raise(w, msg[2])
                 if msg[0] == self._key:
                     self.received += 1
                     return msg
@@ -195,6 +201,25 @@ class WorkerCopies(BaseNode):
                         pass  # its sender is gone: the next message (or its absence) says so
         finally:
             self.waiting_for = None
+
+    def _died(self, w: int, more: str = "") -> Exception:
+        """The error for worker ``w`` gone: a ``WorkerError`` naming its pid and signal (a
+        thread that ended: a ``RuntimeError``, threads die only with an error they send)."""
+        worker = self._workers[w]
+        if self.method != "process":
+            return RuntimeError(f"{self.where}: worker copy {w} (a thread) ended without a word{more}")
+        err = died(worker, self.where, f"worker copy {w}")
+        if more:
+            err.args = (str(err) + more,)
+        return err
+
+    def _raise(self, w: int, exc: BaseException) -> None:
+        """Raise an error a worker sent; one that could not travel names the copy if it names no node."""
+        raise exc.at(f"{self.where}: worker copy {w}") if isinstance(exc, Untravelled) else exc
+
+    def worker_pids(self) -> list[int]:
+        """The pids of the worker processes (none with threads)."""
+        return [p.pid for p in self._workers if self.method == "process" and p.pid is not None]
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -233,7 +258,7 @@ class WorkerCopies(BaseNode):
         for w in range(self.copies):
             msg = self._get(w, timeout=self.start_timeout)
             if msg[1] == ERR:
-                raise msg[2]
+                self._raise(w, msg[2])
             self._base.append(msg[2])
             self._ledgers[w] = {ledger["node"]: ledger for ledger in ledgers(msg[2])}
         if self.startup_seconds is None:
@@ -252,7 +277,7 @@ class WorkerCopies(BaseNode):
         msg = self._get(w)
         kind = msg[1]
         if kind == ERR:
-            raise msg[2]
+            self._raise(w, msg[2])
         if kind == END:
             self._done[w] = True
             self._base[w], self._chunk[w], self._taken[w] = msg[2], [], 0
@@ -264,8 +289,10 @@ class WorkerCopies(BaseNode):
             self._chunk[w] = self._unpack(w, payload) if isinstance(payload, tuple) else payload
         except (OSError, EOFError) as exc:  # a shared-memory tensor whose sender is gone
             self._workers[w].join(timeout=5)
-            why = death(self._workers[w]) if not self._workers[w].is_alive() else "is unreachable"
-            raise RuntimeError(f"worker copy {w} {why} (while handing over a chunk: {exc})") from None
+            if not self._workers[w].is_alive():
+                raise self._died(w, f" (while handing over a chunk: {exc})") from None
+            raise RuntimeError(f"{self.where}: worker copy {w} is unreachable (while handing over a chunk: "
+                               f"{exc})") from None
         self._take_stats(w, stats)
         return True
 

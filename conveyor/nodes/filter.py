@@ -1,7 +1,8 @@
 """filter: drop the items for which ``fn(item, **args)`` is false, and count them.
 
 Nothing is dropped silently: ``stats()["filtered"]`` says how many items the predicate
-rejected in this epoch.
+rejected in this epoch, and a ``StopIteration`` raised by ``fn`` is a ``SampleError`` naming
+it and the item, not the end of the stream.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
+
+from conveyor.nodes._workers.map_calls import stopped
 
 
 class Filter(BaseNode):
@@ -56,8 +59,9 @@ class Filter(BaseNode):
             try:
                 keep = self.fn(item, **self.args)
             except Exception as exc:
-                exc.add_note(f"in {self.where}")
-                raise
+                err = stopped(exc, self.fn, item)  # a StopIteration would end the stream silently
+                err.add_note(f"in {self.where}")
+                raise err from err.__cause__
             if keep:
                 return item
             self.filtered += 1

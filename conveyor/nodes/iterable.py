@@ -23,6 +23,9 @@ signature of its ``state_dict`` says (read before it is called):
   yielded are skipped (exact if the iterable yields the same items in the same order each
   time); the first restore that does this says so in the log, once.
 
+An error raised by the iterable (or its factory) keeps its type and gains a note naming the
+node and its position: the epoch and the item being read, as every other source's errors do.
+
 The state is ``{"yielded": n, "inner": <the iterable's own state or None>}``; an inner state
 that is not plain data (JSON types) is not kept, and the restore re-reads and skips instead.
 """
@@ -88,6 +91,7 @@ class IterableSource(BaseNode):
         make: a callable returning the iterable (called once; again each epoch when it
             returns a one-shot iterator).
         name: how to name the iterable in log messages.
+        where: the node, for the note an error of the iterable gets (with its position).
 
     Example:
         >>> node = IterableSource(lambda: range(3))
@@ -98,10 +102,11 @@ class IterableSource(BaseNode):
     YIELDED_KEY = "yielded"
     INNER_KEY = "inner"
 
-    def __init__(self, make: Callable[[], Any], *, name: str | None = None):
+    def __init__(self, make: Callable[[], Any], *, name: str | None = None, where: str | None = None):
         super().__init__()
         self.make = make
         self.name = name or getattr(make, "__name__", repr(make))
+        self.where = where or f"iterable {self.name}"
         self.epoch = 0
         self._obj: Any = None
         self._protocol: str | None = None
@@ -151,6 +156,14 @@ class IterableSource(BaseNode):
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
+        try:
+            self._reset(initial_state)
+        except Exception as exc:
+            at = "" if initial_state is None else f" at item {initial_state[self.YIELDED_KEY]} (a resume)"
+            exc.add_note(f"in {self.where}, starting epoch {self.epoch}{at} of {self.name}")
+            raise
+
+    def _reset(self, initial_state: dict | None) -> None:
         obj = self._iterable()
         inner = None if initial_state is None else initial_state.get(self.INNER_KEY)
         if self._protocol == PLAIN:
@@ -202,7 +215,13 @@ class IterableSource(BaseNode):
         return item
 
     def next(self) -> Any:
-        item = self._take()
+        try:
+            item = self._take()
+        except StopIteration:
+            raise
+        except Exception as exc:  # the position says which item: the epoch's first is item 0
+            exc.add_note(f"in {self.where}, reading item {self._yielded} of epoch {self.epoch} of {self.name}")
+            raise
         self._yielded += 1
         return item
 

@@ -20,7 +20,11 @@ naming the node (``on_error="raise"``), or counted and skipped (``on_error="skip
 count is in ``stats()["skipped"]`` and the first few are logged with their messages. A
 ``SourceError`` (``fn`` reading a remote path: a missing bucket, denied access, a server out
 of reach) is raised even with ``skip``: it is no bad item (recognised by its type where it
-was raised, so also from a worker process: ``_workers/map_calls.py``).
+was raised, so also from a worker process: ``_workers/map_calls.py``). A ``StopIteration``
+from ``fn`` is a ``SampleError`` naming ``fn`` and the item (raised as it is, it would end the
+stream there). A worker process that dies (the out-of-memory killer) is a ``WorkerError``
+naming the node, its pid and the signal, raised within a fraction of a second; the state
+from before it resumes exactly (``worker_pids()`` gives the pids).
 
 With ``slab=N`` (the compiler sets it to the batch size when the map's thread workers feed
 ``batch`` then ``collate``) and an ``fn`` that takes an ``into`` argument (``conveyor.image``'s
@@ -45,7 +49,7 @@ from conveyor.nodes._workers.batch_slabs import Slabs
 from conveyor.nodes._workers.child_processes import threads_instead
 from conveyor.nodes._workers.map_calls import Call, Enumerate, Failed, Slotted
 from conveyor.nodes._workers.map_engines import SKIP_KEY, SOURCE_KEY, InlineEngine, ProcessEngine, ThreadEngine
-from conveyor.nodes._workers.torchdata_threads import CarryErrors, Raised
+from conveyor.nodes._workers.torchdata_threads import CarryErrors, Raised, Untravelled
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +165,11 @@ class Map(BaseNode):
         """What this node's workers are doing, in words (for the loader's watchdog)."""
         return self.engine.waiting_on()
 
+    def worker_pids(self) -> list[int]:
+        """The pids of this node's worker processes this epoch (``method="process"``; none
+        inline or with threads)."""
+        return self.engine.worker_pids()
+
     def probe(self) -> tuple[Callable[[], int], int] | None:
         """(a callable giving the results ready, how many may be in flight) for the
         instrumentation's queue samples; None inline or before the first epoch."""
@@ -177,8 +186,8 @@ class Map(BaseNode):
     def next(self):
         while True:
             out = self._next()
-            if isinstance(out, Raised):
-                raise out.exc
+            if isinstance(out, Raised):  # an error of the input (text only, if it could not travel)
+                raise out.exc.at(f"{self.where}, from its input") if isinstance(out.exc, Untravelled) else out.exc
             if not isinstance(out, Failed):
                 return out
             self.errors.fail(out)

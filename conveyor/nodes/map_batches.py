@@ -30,7 +30,7 @@ from torchdata.nodes import BaseNode
 from conveyor.nodes import capabilities as cap
 from conveyor.nodes._elastic import Cursor
 from conveyor.nodes._skips import LEDGER_KEY, OnError, sample_id
-from conveyor.nodes._workers.map_calls import Failed, parameters
+from conveyor.nodes._workers.map_calls import Failed, parameters, stopped
 from conveyor.nodes.map import ON_ERROR, Map
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class _ListCall:
             raise
         except Exception as exc:
             if len(items) == 1:
-                return [Failed(exc, sample=sample_id(items[0]))]
+                return [Failed(stopped(exc, self.fn, items[0]), sample=sample_id(items[0]))]
         out: list = []
         for item in items:  # find the bad items; the good ones are mapped alone
             try:
@@ -104,7 +104,7 @@ class _ListCall:
             except _WrongCount:
                 raise
             except Exception as exc:
-                out.append(Failed(exc, sample=sample_id(item)))
+                out.append(Failed(stopped(exc, self.fn, item), sample=sample_id(item)))
         return out
 
 
@@ -168,6 +168,10 @@ class MapBatches(BaseNode):
 
     def close(self) -> None:
         self._map.close()
+
+    def worker_pids(self) -> list[int]:
+        """The pids of the worker processes running ``fn`` this epoch (see ``Map``)."""
+        return self._map.worker_pids()
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 import time
 from typing import Any, Iterable
+
+from conveyor.errors import WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +80,68 @@ def death(worker: Any) -> str:
     """Why a worker that sent no error is gone, in words."""
     code = getattr(worker, "exitcode", None)
     if code is not None and code < 0:
-        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else "an unnamed signal"
         hint = ": often the out-of-memory killer" if -code == signal.SIGKILL else ""
-        return f"was killed by {name}{hint}"
+        return f"was killed by signal {-code} ({name}){hint}"
     if code == 1:
         return ("exited with code 1 before it could report an error (its traceback is on stderr); "
                 "if that shows it importing your script: under spawn a worker imports the main "
                 "script again, so a script that starts the loader at import time needs "
                 "`if __name__ == '__main__':`")
     return f"stopped (exit code {code}) without an error message; look for a crash in native code"
+
+
+def died(worker: Any, where: str, what: str = "worker") -> WorkerError:
+    """The error for a worker process gone under the loader: ``node 'decode' (map): worker
+    (pid 1234) was killed by signal 9 (SIGKILL): ...``, with the pid and exit code as fields."""
+    pid = getattr(worker, "pid", None)
+    return WorkerError(f"{where}: {what} (pid {pid}) {death(worker)}", node=where, pid=pid,
+                       exitcode=getattr(worker, "exitcode", None))
+
+
+class DeathWatch:
+    """A thread that waits on worker processes' sentinels and notices one that dies unasked.
+
+    A worker killed by the out-of-memory killer sends nothing: whoever waits for its result
+    would wait for ever. The thread waits on the processes' sentinels (``multiprocessing.
+    connection.wait``: no polling of its own, and nothing on the items' path); on the first
+    exit while ``stopping()`` is false it keeps the ``WorkerError`` in ``error`` and calls
+    ``wake()``, which must make the waiting consumer return and look at ``error``. The thread
+    ends once ``stopping()`` is true (looked at every ``POLL`` seconds).
+
+    Args:
+        procs: the worker processes, started.
+        where: the node they work for, for the error.
+        stopping: whether the workers were asked to leave (their exit is then no death).
+        wake: called once, after ``error`` is set.
+        what: the workers in words (``worker``, ``worker copy 1``).
+    """
+
+    POLL = 0.5
+
+    def __init__(self, procs: Iterable[Any], *, where: str, stopping: Any, wake: Any, what: str = "worker"):
+        self.procs = list(procs)
+        self.where = where
+        self.what = what
+        self.stopping = stopping
+        self.wake = wake
+        self.error: WorkerError | None = None
+        self.thread = threading.Thread(target=self._run, name="conveyor-death-watch", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from multiprocessing.connection import wait
+
+        left = {p.sentinel: p for p in self.procs if p.pid is not None}
+        while left and not self.stopping():
+            for sentinel in wait(list(left), timeout=self.POLL):
+                proc = left.pop(sentinel)
+                if self.stopping():
+                    return
+                proc.join(timeout=1)  # reaped: its exit code is known
+                self.error = died(proc, self.where, self.what)
+                self.wake()
+                return
 
 
 _said: set[str] = set()

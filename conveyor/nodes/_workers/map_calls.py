@@ -26,12 +26,12 @@ from typing import Any, Callable
 import torch
 from torchdata.nodes import BaseNode
 
-from conveyor.errors import SourceError
+from conveyor.errors import SampleError, SourceError
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._skips import sample_id
 from conveyor.nodes._workers.batch_slabs import Slabs
 from conveyor.nodes._workers.parent_watch import watch_parent
-from conveyor.nodes._workers.torchdata_threads import Raised, portable
+from conveyor.nodes._workers.torchdata_threads import Raised, Untravelled, portable
 
 _SEED_MASK = (1 << 63) - 1  # torch.Generator seeds are signed 64-bit
 
@@ -70,26 +70,53 @@ class Failed:
     def __init__(self, exc: BaseException | None, text: str | None = None, sample: str = "?",
                  kind: str | None = None, never_skip: bool | None = None):
         self.exc = exc
-        self.text = text if text is not None else f"{type(exc).__name__}: {exc}"
-        self.sample = sample  # the failed item, named for the skip ledger (_skips.sample_id)
         self.kind = kind or (type(exc).__name__ if exc is not None else "Exception")
+        self.text = text if text is not None else f"{self.kind}: {_message(exc)}"
+        self.sample = sample  # the failed item, named for the skip ledger (_skips.sample_id)
         self.never_skip = isinstance(exc, SourceError) if never_skip is None else never_skip
 
     @property
     def message(self) -> str:
         """What failed, without the exception's type (the ledger keeps that apart)."""
-        return str(self.exc) if self.exc is not None else self.text.removeprefix(f"{self.kind}: ")
+        return _message(self.exc) if self.exc is not None else self.text.removeprefix(f"{self.kind}: ")
 
-    def error(self) -> BaseException:
-        """The exception to raise: the original, or one with its text where it could not travel."""
+    def error(self, where: str = "") -> BaseException:
+        """The exception to raise: the original, or (where it could not travel) an
+        ``Untravelled`` that starts with ``where``, the type and the message."""
+        if isinstance(self.exc, Untravelled):
+            return self.exc.at(where)
         return self.exc if self.exc is not None else RuntimeError(self.text)
 
     def __reduce__(self) -> tuple:
         exc = None if self.exc is None else portable(self.exc)
-        if exc is not self.exc:  # it cannot travel: its text and traceback do
-            return (Failed, (None, str(exc) if exc is not None else self.text, self.sample, self.kind,
-                             self.never_skip))
         return (Failed, (exc, self.text, self.sample, self.kind, self.never_skip))
+
+
+def _message(exc: BaseException | None) -> str:
+    return exc.text if isinstance(exc, Untravelled) else str(exc)
+
+
+def stopped(exc: Exception, fn: Callable, item: Any) -> Exception:
+    """``exc``, or for a ``StopIteration`` a ``SampleError`` naming ``fn`` and the item, with
+    ``exc``'s notes (``conveyor.dataset.getitem``'s names the dataset and index).
+
+    Raised as it is, a ``StopIteration`` from ``fn`` (or a Dataset's ``__getitem__``) would
+    end the stream there without a word: the iterator protocol takes it for the end.
+
+    Example:
+        >>> type(stopped(StopIteration(), len, {"index": 3})).__name__
+        'SampleError'
+    """
+    if not isinstance(exc, StopIteration):
+        return exc
+    name = getattr(fn, "__name__", type(fn).__name__)
+    said = f" ({exc})" if str(exc) else ""
+    err = SampleError(f"fn {name!r} raised StopIteration{said} on item {sample_id(item)}: a StopIteration "
+                      "would end the stream there, silently; raise another exception for a bad item")
+    for note in getattr(exc, "__notes__", []):
+        err.add_note(note)
+    err.__cause__ = exc
+    return err
 
 
 def parameters(fn: Callable) -> dict[str, Any]:
@@ -157,7 +184,7 @@ class Call:
                 return self.fn(item, **self._randomness(pos, item), **self.args)
             return self.fn(item, **self.args)
         except Exception as exc:  # carried to the caller, re-raised or counted there
-            return Failed(exc, sample=sample_id(item))
+            return Failed(stopped(exc, self.fn, item), sample=sample_id(item))
 
 
 class Slotted:

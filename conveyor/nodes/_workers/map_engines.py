@@ -10,7 +10,7 @@ They share one interface, so ``Map`` never asks which one it has:
 - ``next()``: the next output (``StopIteration`` at the end).
 - ``position()``: ``(the input's state at a snapshot, items emitted after it)``, the map's
   state whatever the engine, so any engine resumes any other's.
-- ``close()``, ``waiting_on()`` (the watchdog), ``lingering()`` (threads still busy after a
+- ``close()``, ``waiting_on()`` (the watchdog), ``worker_pids()``, ``lingering()`` (threads still busy after a
   stop), ``probe()`` (the queue the instrumentation samples, or None).
 
 ``InlineEngine`` calls in the caller's thread. ``ThreadEngine`` runs ``OrderedThreads``
@@ -28,12 +28,13 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode, ParallelMapper
 
-from conveyor.nodes._workers.child_processes import describe, end_processes
+from conveyor.nodes._workers.child_processes import DeathWatch, describe, end_processes
 from conveyor.nodes._workers.map_calls import Call
 from conveyor.nodes._workers.ordered_threads import OrderedThreads
 from conveyor.nodes._workers.torchdata_threads import shutdown_torchdata
 
 CLOSE_WAIT = 10.0  # seconds close() gives worker processes to leave (a stopped one: none)
+DEATH_WAIT = 1.0   # the same, after one of them died
 SOURCE_KEY, SKIP_KEY = "source", "skip"  # a saved position, as Map's state holds it
 
 
@@ -69,6 +70,9 @@ class InlineEngine:
 
     def waiting_on(self) -> str | None:
         return None
+
+    def worker_pids(self) -> list[int]:
+        return []  # threads cannot be killed alone: a thread that dies takes the process with it
 
     def lingering(self) -> list[threading.Thread]:
         return []
@@ -114,6 +118,9 @@ class ThreadEngine:
         busy = self.pool.running()
         return f"{busy} item(s) inside fn on its {self.workers} threads" if busy else None
 
+    def worker_pids(self) -> list[int]:
+        return []  # threads cannot be killed alone: a thread that dies takes the process with it
+
     def lingering(self) -> list[threading.Thread]:
         return []
 
@@ -127,6 +134,10 @@ class ProcessEngine:
 
     A ``ParallelMapper`` is made for each epoch and stopped at the next ``start``; its worker
     processes still finishing an item are ended at ``close()`` if they have not left by then.
+    A worker process that dies (the out-of-memory killer's SIGKILL) takes its item with it and
+    torchdata would wait for that item for ever: a ``DeathWatch`` notices it, stops the
+    ParallelMapper, and ``next()`` raises the ``WorkerError`` (the position stays that of the
+    last item given, so a state taken before the error resumes exactly).
     """
 
     def __init__(self, source: BaseNode, call: Call, *, workers: int, method: str, ordered: bool,
@@ -143,6 +154,7 @@ class ProcessEngine:
         self.pm: ParallelMapper | None = None
         self._retired: list[Any] = []  # worker processes of earlier epochs, maybe still exiting
         self._lingering: list[threading.Thread] = []  # ParallelMapper threads still busy at its stop
+        self._watch: DeathWatch | None = None
         if method == "process":
             register_after_fork(call, Call.watch_parent)  # under fork nothing is unpickled
 
@@ -157,6 +169,9 @@ class ProcessEngine:
             self._lingering = [t for t in self._lingering if t.is_alive()]
             self._lingering += shutdown_torchdata(self.pm)  # asks workers to stop; joins each 0.5 s
             self.pm = None
+            died, self._watch = self._watch is not None and self._watch.error is not None, None
+            if died:  # a survivor may wait for ever on a queue lock the dead one held: end them now
+                end_processes([(f"{self.where}: worker process", p) for p in procs], wait=DEATH_WAIT)
             self._retired = [p for p in self._retired + procs if p.is_alive()]
 
     def start(self, state: dict | None) -> None:
@@ -175,9 +190,27 @@ class ProcessEngine:
             multiprocessing_context=self.mp_context, max_concurrent=self.max_concurrent,
             snapshot_frequency=self.snapshot_every)
         self.pm.reset(pm_state)
+        if self.method == "process":
+            it = self.pm._it._it  # type: ignore[union-attr]  # torchdata keeps its iterator this deep
+            mp_stop, stop = it._mp_stop, it._stop  # (not the iterator: a forked worker would inherit it)
+
+            def wake() -> None:  # the workers leave; next() ends its wait within 0.1 s
+                mp_stop.set()
+                stop.set()
+
+            self._watch = DeathWatch(it._workers, where=self.where, stopping=mp_stop.is_set, wake=wake)
 
     def next(self) -> Any:
-        return next(self.pm)
+        try:
+            return next(self.pm)
+        except StopIteration:
+            if self._watch is not None and self._watch.error is not None:
+                raise self._watch.error from None
+            raise
+
+    def worker_pids(self) -> list[int]:
+        """The pids of the running worker processes (none for threads)."""
+        return [p.pid for p in self.processes() if p.pid is not None]
 
     def position(self) -> tuple[Any, int]:
         if self.pm is None:

@@ -23,15 +23,50 @@ from torchdata.nodes import BaseNode
 from conveyor.nodes import capabilities as cap
 
 
+class Untravelled(RuntimeError):
+    """An exception that could not be pickled back from a worker process, as text: its type's
+    name, its message, where it was raised and its traceback there, in that order.
+
+    ``where`` is the node (``node 'decode' (map)``): given, or taken from the first
+    ``in ...`` note the exception had (the nodes' notes), or given later by the node that
+    raises it in the main process (``at``). It pickles (it is what crosses back).
+
+    Args:
+        kind: the original exception's type name.
+        text: its message.
+        trace: its traceback in the worker, notes included.
+        where: the node, if known; else from ``notes``.
+        notes: the original's notes, kept as this error's own.
+    """
+
+    def __init__(self, kind: str, text: str, trace: str, where: str = "", notes: tuple[str, ...] = ()):
+        self.kind, self.text, self.trace, self.notes = kind, text, trace, tuple(notes)
+        self.where = where or next((n[3:] for n in self.notes if n.startswith("in ")), "")
+        head = f"{self.where}: " if self.where else ""
+        super().__init__(f"{head}{kind}: {text}\n(the exception could not be pickled back from the worker "
+                         f"process; its traceback there:)\n{trace}")
+        for note in self.notes:
+            self.add_note(note)
+
+    def __reduce__(self) -> tuple:
+        return (Untravelled, (self.kind, self.text, self.trace, self.where, self.notes), self.__dict__)
+
+    def at(self, where: str) -> "Untravelled":
+        """This error, named after ``where`` if it names no node yet."""
+        return self if self.where else Untravelled(self.kind, self.text, self.trace, where, self.notes)
+
+
 def portable(exc: BaseException) -> BaseException:
-    """``exc`` when it survives pickling both ways, else a ``RuntimeError`` with its text and
-    traceback (an exception whose ``__init__`` takes other arguments than ``args`` pickles but
-    does not unpickle; unpickled in a queue's reader thread it kills that thread)."""
+    """``exc`` when it survives pickling both ways, else an ``Untravelled`` (a ``RuntimeError``)
+    with its type, text and traceback (an exception whose ``__init__`` takes other arguments
+    than ``args`` pickles but does not unpickle; unpickled in a queue's reader thread it kills
+    that thread)."""
     try:
         pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:  # noqa: BLE001 - any failure means it cannot travel
-        return RuntimeError("".join(traceback.format_exception(exc)).rstrip())
+        return Untravelled(type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)).rstrip(),
+                           notes=tuple(getattr(exc, "__notes__", ())))
 
 
 def shutdown_torchdata(node: Any) -> list[threading.Thread]:
