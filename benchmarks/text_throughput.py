@@ -12,6 +12,13 @@ below it, the size of a mid-epoch state and the time to take one.
 * ``bare orjson + bytes``: the same with ``orjson.loads`` (what the graph parses with);
 * ``graph: specs/text.yaml``: a fresh ``load_graph`` each round, iterated to the end of each
   epoch (files, shard, read, shuffle, tokenize, bucket_batch, pad_collate, prefetch);
+* ``bare json + bytes + greedy pack`` against ``graph: pretrain.yaml`` (skipped with
+  ``--no-pack``; issue 30): the bare loop reads the same lines, takes each text's UTF-8
+  bytes plus the end-of-text id (the tokenizer pretrain.yaml names: ``byte_tokenize`` with
+  ``add_eos``), packs them greedily into rows of 1,024 (a document that does not fit goes
+  on in the next row) and makes a tensor of each 8 rows; the graph lists, shards, reads,
+  shuffles, tokenizes, packs best-fit (pack_tokens: document boundaries, labels, positions,
+  cu_seqlens), batches, collates and prefetches. Both are counted in real tokens per second;
 * with ``tokenizers`` (skipped with ``--no-hf``): a byte-level BPE tokenizer trained on the
   sample at start (``conveyor.text.train_tokenizer``, 1,000 ids), then ``bare json + hf
   encode`` (``tok.encode(text).ids`` per line), ``bare json + hf encode_batch`` (lists of
@@ -20,7 +27,9 @@ below it, the size of a mid-epoch state and the time to take one.
 
 Records/s count whole epochs from the first ``next`` (a graph's epoch restarts, shuffle
 fills and prefetch included); the graph's start-up (``load_graph``: parse, check, build) is
-reported apart, as is its time to the first batch. Ratios are per round (graph / bare in the
+reported apart, as is its time to the first batch, and, on a line of its own, each later
+epoch's restart: ``iter()`` (every node reset, the prefetch thread started) and the wait for
+that epoch's first batch (the shuffle window and the first bucket or pack pool filled). Ratios are per round (graph / bare in the
 same round), then the median. ``--breakdown`` prints where a record's time goes instead:
 the graph pulled node by node in this thread (each node's increment over the chain below
 it), with the per-node wrapper (``Counted``), a count-only wrapper and no wrapper at all.
@@ -53,8 +62,11 @@ from conveyor import load_graph  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "specs" / "text.yaml"
+PACK_SPEC = ROOT / "specs" / "pretrain.yaml"
 MAX_LENGTH = 1024
 HF_BATCH = 256
+EOS = 257  # byte_tokenize's end-of-text id
+SEQ_LEN, PACK_BATCH = 1024, 8  # specs/pretrain.yaml's defaults
 
 
 # ----- the bare loops ------------------------------------------------------------------------
@@ -67,6 +79,37 @@ def bare_bytes(paths: list[str], epochs: int, loads: Callable[[bytes], Any]) -> 
                 for line in f:
                     ids = list(loads(line)["text"].encode())[:MAX_LENGTH]
                     n += ids is not None
+    return n
+
+
+def bare_pack(paths: list[str], epochs: int, seq_len: int, batch_size: int) -> int:
+    """Issue 30's reference, written as a user would who knows numpy: json.loads each line,
+    its UTF-8 bytes plus the end-of-text id (``byte_tokenize``'s add_eos) as int16, packed
+    greedily (documents one after another, a row cut every ``seq_len`` tokens, a document
+    going on in the next row), ``batch_size`` rows an int64 tensor; the tokens of the
+    batches made (the tail short of a batch is dropped, as pretrain.yaml's drop_last does)."""
+    import numpy as np
+    import torch
+
+    n = 0
+    k = seq_len * batch_size
+    for _ in range(epochs):
+        pending: list = []
+        have = 0
+        for p in paths:
+            with open(p, "rb") as f:
+                for line in f:
+                    data = json.loads(line)["text"].encode()
+                    doc = np.empty(len(data) + 1, np.int16)
+                    doc[:-1] = np.frombuffer(data, np.uint8)
+                    doc[-1] = EOS
+                    pending.append(doc)
+                    have += doc.shape[0]
+                    if have >= k:
+                        flat = np.concatenate(pending)
+                        batch = torch.from_numpy(flat[:k].astype(np.int64).reshape(batch_size, seq_len))
+                        n += batch.numel()
+                        pending, have = [flat[k:]], flat.shape[0] - k
     return n
 
 
@@ -93,24 +136,38 @@ def bare_hf(paths: list[str], epochs: int, tok: Any, batch: int | None) -> int:
 
 # ----- the graph -------------------------------------------------------------------------------
 
-def graph(spec: Path, epochs: int, root: str) -> dict[str, float]:
+def graph(spec: Path, epochs: int, root: str, count: Callable[[Any], int] | None = None) -> dict[str, Any]:
+    """A fresh loader, ``epochs`` whole epochs from the first ``next``; ``count(batch)`` gives
+    what a batch counts (default: its rows of input_ids). Apart: the build, the first batch,
+    and for each epoch after the first its restart: ``iter()`` (every node reset, the
+    prefetch thread started) and the wait for its first batch (the shuffle window and the
+    first bucket pool or pack pool filled)."""
+    count = count or (lambda batch: batch["input_ids"].shape[0])
     t0 = time.perf_counter()
     loader = load_graph(spec, root=root)
     t1 = time.perf_counter()
     n = 0
     first = None
+    restarts: list[tuple[float, float]] = []
     try:
-        for _ in range(epochs):
-            for batch in loader:
-                n += batch["input_ids"].shape[0]
-                if first is None:
-                    first = time.perf_counter()
+        for epoch in range(epochs):
+            e0 = time.perf_counter()
+            it = iter(loader)
+            e1 = time.perf_counter()
+            for i, batch in enumerate(it):
+                n += count(batch)
+                if i == 0:
+                    e2 = time.perf_counter()
+                    if first is None:
+                        first = e2
+                    if epoch:
+                        restarts.append((e1 - e0, e2 - e1))
         t2 = time.perf_counter()
         collate = loader.stats()["nodes"].get("collate", {})
     finally:
         loader.close()
     return {"records": n, "build_s": t1 - t0, "first_s": (first or t2) - t1, "seconds": t2 - t1,
-            "padding": collate.get("padding_efficiency")}
+            "padding": collate.get("padding_efficiency"), "restarts": restarts}
 
 
 def state_figures(spec: Path, root: str, steps: int = 20, takes: int = 500) -> tuple[int, float]:
@@ -187,7 +244,18 @@ def table(results: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> str:
             ratios = [x["rate"] / y["rate"] for x, y in zip(results[a], results[b])]
             ratio_rows.append([f"{a} / {b}", f"{statistics.median(ratios):.2f}",
                                f"{min(ratios):.2f}-{max(ratios):.2f}"])
-    return out + "\n\n" + md_table(["ratio (per round)", "median", "range"], ratio_rows, [False, True, True])
+    restart_lines = []
+    for name, runs in results.items():
+        got = [r for run in runs for r in run.get("restarts", [])]
+        if got:
+            it_ms = [a * 1e3 for a, _ in got]
+            wait_ms = [b * 1e3 for _, b in got]
+            restart_lines.append(
+                f"epoch restart of {name} (epochs after the first, {len(got)} of them): iter() (reset + thread "
+                f"start) {statistics.median(it_ms):.2f} ms ({min(it_ms):.2f}-{max(it_ms):.2f}), then the first "
+                f"batch {statistics.median(wait_ms):.2f} ms ({min(wait_ms):.2f}-{max(wait_ms):.2f})")
+    return (out + "\n\n" + md_table(["ratio (per round)", "median", "range"], ratio_rows, [False, True, True])
+            + ("\n\n" + "\n".join(restart_lines) if restart_lines else ""))
 
 
 # ----- breakdown -------------------------------------------------------------------------------
@@ -295,7 +363,10 @@ def profile(spec: Path, root: str, epochs: int) -> str:
     def run() -> int:
         n = 0
         for epoch in range(epochs):
-            loader._set_epoch(epoch)
+            for counted in loader._c.nodes.values():  # what the Loader's run does at each epoch
+                set_epoch = getattr(counted.inner, "set_epoch", None)
+                if callable(set_epoch):
+                    set_epoch(epoch)
             node.reset()
             for batch in node:
                 n += batch["input_ids"].shape[0]
@@ -333,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-hf", action="store_true", help="skip the tokenizers contenders")
+    ap.add_argument("--no-pack", action="store_true", help="skip the packing contenders (specs/pretrain.yaml)")
     ap.add_argument("--breakdown", action="store_true", help="per-node costs instead of the table")
     ap.add_argument("--profile", action="store_true", help="cProfile self time by node instead of the table")
     args = ap.parse_args(argv)
@@ -353,6 +425,13 @@ def main(argv: list[str] | None = None) -> int:
         "graph: text.yaml": lambda: graph(Path(args.spec), e, args.root),
     }
     pairs = [("graph: text.yaml", "bare json + bytes"), ("graph: text.yaml", "bare orjson + bytes")]
+    if not args.no_pack:  # counted in real tokens (a packed batch's num_tokens), not records
+        contenders.update({
+            "bare json + bytes + greedy pack (tokens)": timed(lambda: bare_pack(paths, e, SEQ_LEN, PACK_BATCH)),
+            "graph: pretrain.yaml (tokens)": lambda: graph(PACK_SPEC, e, args.root,
+                                                          lambda batch: int(batch["num_tokens"].sum())),
+        })
+        pairs.append(("graph: pretrain.yaml (tokens)", "bare json + bytes + greedy pack (tokens)"))
     with tempfile.TemporaryDirectory() as tmp:
         if not args.no_hf:
             from tokenizers import Tokenizer

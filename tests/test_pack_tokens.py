@@ -159,6 +159,28 @@ def test_bad_input_is_an_error_naming_the_node_and_the_record(items, message):
         _rows(node)
 
 
+@pytest.mark.parametrize("ids, dtype, bad", [
+    (np.array([1, -5], np.int16), "int16", -5),      # an int16 row: no id over its top, but below 0
+    (np.array([1, 40000], np.uint16), "int16", 40000),
+    (np.array([7, 300], np.int16), "uint8", 300),
+    (torch.tensor([2, -1], dtype=torch.int32), "int64", -1),
+    (np.array([1, 255], np.uint8), "uint8", None),    # a uint8 into a uint8 row: nothing to check
+    (np.array([1, 32767], np.int16), "int16", None),
+    (np.array([True, False]), "uint8", None),
+])
+def test_the_range_check_follows_the_ids_dtype(ids, dtype, bad):
+    """Ids of each integer dtype are checked against the row's dtype (the check skips only
+    what the ids' dtype cannot hold), the same for a dtype seen the first time or again."""
+    for _ in range(2):
+        node = PackTokens(IterableWrapper([{"index": 1, "input_ids": ids}]), seq_len=4, dtype=dtype)
+        if bad is None:
+            rows = _rows(node)
+            assert rows[0]["input_ids"].tolist()[:2] == [int(x) for x in ids]
+        else:
+            with pytest.raises(SampleError, match=rf"item 1 has token id {bad}, which dtype={dtype} cannot hold"):
+                _rows(node)
+
+
 def test_empty_documents_can_be_counted_skips():
     items = [{"index": 0, "input_ids": [1, 2]}, {"index": 1, "input_ids": []}]
     node = PackTokens(IterableWrapper(items), seq_len=4, empty="skip")
