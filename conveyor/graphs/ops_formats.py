@@ -87,7 +87,7 @@ READ_SAMPLES = OpSpec("read_samples", ReadSamplesParams, _build_read_samples, "o
                       length=count_unless_skipping, unknown_length="skips the samples of bad shards "
                                                                    "(on_error: skip)",
                       keeps_count="unless_skipping", per_record=True,
-                      safe_params=frozenset({"keep", "attempts", "timeout"}),
+                      safe_params=frozenset({"attempts", "timeout"}),
                       items_in='sample records (list_mds, list_litdata)',
                       items_out="the dataset's fields (MDS columns, LitData dict keys), __url__ and index",
                       example='decoded: {op: read_samples}')
