@@ -171,3 +171,24 @@ def test_on_s3(s3, tmp_path, kind):
     with load_graph(path) as loader:
         assert len(loader) == 4
     assert check_resume(lambda: load_graph(path), epochs=1, steps=[1, 3]) == 4
+
+
+@pytest.mark.parametrize("kind", ["mds/zstd", "litdata/plain"])
+def test_pack_from_round_trip(tmp_path, kind):
+    from conveyor.nodes import ListFiles, ReadTar
+    from conveyor.tools.cli import main as cli_main
+
+    fmt = kind.split("/")[0]
+    dst = tmp_path / "shards"
+    assert cli_main(["pack", "--from", fmt, str(FIX / kind), str(dst), "--shard-size", "8kB",
+                     "--label", "label", "--allow-pickle"]) == 0
+    index = json.loads((dst / "index.json").read_text())
+    assert index["samples"] == 12 and len(index["shards"]) > 1
+    got = list(ReadTar(ListFiles(url=str(dst / "*.tar"))))
+    want = read(ListMds if fmt == "mds" else ListLitdata, str(FIX / kind), allow_pickle=True)
+    assert len(got) == len(want) == 12
+    for g, w in zip(got, want):
+        assert g["cls"] == w["label"]
+        assert g["name"].decode() == w["name"]
+        assert g["jpg"] == w["jpg"]
+        assert np.array_equal(np.load(io.BytesIO(g["arr"])), w["arr"])
