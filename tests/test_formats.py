@@ -192,3 +192,21 @@ def test_pack_from_round_trip(tmp_path, kind):
         assert g["name"].decode() == w["name"]
         assert g["jpg"] == w["jpg"]
         assert np.array_equal(np.load(io.BytesIO(g["arr"])), w["arr"])
+
+
+def test_images_decode_through_conveyor_image(tmp_path):
+    path = tmp_path / "images.yaml"
+    path.write_text(f"""\
+nodes:
+  samples: {{op: list_litdata, url: "{FIX / 'litdata/zstd'}"}}
+  decoded: {{op: read_samples}}
+  images:  {{op: map, fn: "conveyor.image:eval_transform", args: {{size: 16, resize: 16}}}}
+  batch:   {{op: batch, size: 4}}
+  collate: {{op: collate}}
+output: collate
+""")
+    with load_graph(path) as loader:
+        batches = list(loader)
+    assert len(batches) == 3
+    assert tuple(batches[0]["image"].shape) == (4, 3, 16, 16)
+    assert batches[0]["label"].tolist() == [0, 1, 2, 3]
