@@ -10,6 +10,8 @@ and Grain's resume-from-every-step test, applied to our nodes as plain torchdata
 
 from __future__ import annotations
 
+import functools
+
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -153,6 +155,22 @@ def _read_lmdb() -> BaseNode:
                                   size=4))
 
 
+def _read_samples(kind: str) -> BaseNode:
+    from conveyor.nodes import ListLitdata, ListMds, ReadSamples
+
+    fix = Path(__file__).resolve().parent / "fixtures/formats"
+    lister = ListMds(url=str(fix / "mds/zstd"), shuffle=True) if kind == "mds" else \
+        ListLitdata(url=str(fix / "litdata/plain"), shuffle=True)
+    from conveyor.nodes import Map
+
+    read = ReadSamples(ShuffleBuffer(lister, size=4), allow_pickle=True)
+    return Map(read, fn=_comparable)  # arrays do not compare with ==
+
+
+def _comparable(sample: dict) -> tuple:
+    return sample["index"], sample["name"], sample["label"], sample["__url__"]
+
+
 def _read_tar(**kw: Any) -> BaseNode:
     from conveyor.nodes.read_tar import ReadTar
 
@@ -195,6 +213,8 @@ CHAINS: dict[str, Callable[[], BaseNode]] = {
     "read_tar_then_shuffle": lambda: ShuffleBuffer(_read_tar(), size=4),
     "read_parquet": _read_parquet,
     "list_lmdb_read_lmdb": _read_lmdb,
+    "list_mds_read_samples": functools.partial(_read_samples, "mds"),
+    "list_litdata_read_samples": functools.partial(_read_samples, "litdata"),
 }
 
 

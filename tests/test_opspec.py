@@ -77,8 +77,8 @@ def test_the_facts_that_replaced_the_tables_of_op_names():
     def having(fact):
         return sorted(n for n in builtin_op_names() if fact(get_op(n)))
 
-    assert having(lambda op: op.listing) == ["list_files", "list_lmdb"]
-    assert having(lambda op: op.reads_from is not None) == ["list_files", "list_lmdb"]
+    assert having(lambda op: op.listing) == ["list_files", "list_litdata", "list_lmdb", "list_mds"]
+    assert having(lambda op: op.reads_from is not None) == ["list_files", "list_litdata", "list_lmdb", "list_mds"]
     assert having(lambda op: op.batches) == ["batch", "bucket_batch"]
     assert having(lambda op: op.collates) == ["collate", "pad_collate"]
     assert having(lambda op: op.pass_through) == ["pin_memory", "prefetch", "to_device"]
@@ -87,10 +87,10 @@ def test_the_facts_that_replaced_the_tables_of_op_names():
     assert having(lambda op: op.not_global) == ["iterable", "mix", "shard", "shuffle_buffer"]
     assert having(lambda op: op.keeps_count == "always") == [
         "batch", "collate", "pad_collate", "pin_memory", "prefetch", "shuffle_buffer", "to_device"]
-    assert having(lambda op: op.keeps_count == "unless_skipping") == ["fetch", "map"]
+    assert having(lambda op: op.keeps_count == "unless_skipping") == ["fetch", "map", "read_samples"]
     assert having(lambda op: op.per_record is not False) == [
-        "fetch", "filter", "list_files", "list_lmdb", "map", "mix", "pack_tokens", "pin_memory", "prefetch", "read_jsonl",
-        "read_lmdb", "read_parquet", "read_tar", "shard", "shuffle_buffer", "to_device"]
+        "fetch", "filter", "list_files", "list_litdata", "list_lmdb", "list_mds", "map", "mix", "pack_tokens",
+        "pin_memory", "prefetch", "read_jsonl", "read_lmdb", "read_parquet", "read_samples", "read_tar", "shard", "shuffle_buffer", "to_device"]
     assert having(lambda op: op.writes_rows) == ["map"]
     assert having(lambda op: op.batch_rows is not None) == ["batch"]
     assert having(lambda op: op.stacks_rows) == ["collate"]

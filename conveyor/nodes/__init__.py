@@ -36,6 +36,7 @@ from conveyor.nodes.filter import Filter
 from conveyor.nodes.iterable import IterableSource
 from conveyor.nodes.list_files import ListFiles, below, number_classes, suffixes, with_suffix
 from conveyor.nodes.list_lmdb import ListLmdb
+from conveyor.nodes.list_samples import ListLitdata, ListMds
 from conveyor.nodes.map import Map
 from conveyor.nodes.map_batches import MapBatches, wants_rng
 from conveyor.nodes.mix import Mix, weights_problem
@@ -46,6 +47,7 @@ from conveyor.nodes.prefetch import Prefetch
 from conveyor.nodes.read_jsonl import ReadJsonl, encoding_problem
 from conveyor.nodes.read_lmdb import ReadLmdb
 from conveyor.nodes.read_parquet import ReadParquet
+from conveyor.nodes.read_samples import ReadSamples
 from conveyor.nodes.read_tar import ReadTar
 from conveyor.nodes.shard import Shard, count_items, dist_rank_world
 from conveyor.nodes.shuffle_buffer import ShuffleBuffer
@@ -63,7 +65,9 @@ __all__ = [
     "IterableSource",
     "LEDGER_KEY",
     "ListFiles",
+    "ListLitdata",
     "ListLmdb",
+    "ListMds",
     "Map",
     "MapBatches",
     "Mix",
@@ -75,6 +79,7 @@ __all__ = [
     "ReadJsonl",
     "ReadLmdb",
     "ReadParquet",
+    "ReadSamples",
     "ReadTar",
     "Shard",
     "ShuffleBuffer",

@@ -4,6 +4,7 @@ or as one LMDB environment, optionally with every image pre-shrunk.
     conveyor pack examples/data/imagenet-sample/train /data/shards/train --shard-size 256MB
     conveyor pack s3://bucket/imagenet/train s3://bucket/imagenet-shards/train
     conveyor pack SRC /data/train.lmdb --format lmdb
+    conveyor pack --from mds s3://bucket/mds/train /data/shards/train     (or --from litdata)
 
 With ``--resize N`` each image whose shorter side is above ``N`` is stored re-encoded as JPEG
 (``--quality``, default 90) with its shorter side ``N``, aspect kept; smaller images are
@@ -16,6 +17,7 @@ This package's face is this module; its parts: ``_samples`` (what is packed, rea
 """
 
 from conveyor.pack._command import add_parser, run
+from conveyor.pack._formats import pack_from
 from conveyor.pack._lmdb import pack_lmdb
 from conveyor.pack._samples import list_samples
 from conveyor.pack._shrink import DEFAULT_QUALITY, shrink, target_size
@@ -28,6 +30,7 @@ __all__ = [
     "add_parser",
     "list_samples",
     "pack",
+    "pack_from",
     "pack_lmdb",
     "run",
     "shrink",

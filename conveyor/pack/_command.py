@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from conveyor.nodes import suffixes
+from conveyor.pack._formats import pack_from
 from conveyor.pack._lmdb import pack_lmdb
 from conveyor.pack._shrink import DEFAULT_QUALITY
 from conveyor.pack._tar import pack
@@ -36,6 +37,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--extensions", default=None, metavar="EXT,...",
                    help="pack only these, in any case, e.g. .jpg,.jpeg,.png (default: every "
                         "visible file with an extension; what is left out is named in a warning)")
+    p.add_argument("--from", dest="from_format", choices=("mds", "litdata"), default=None,
+                   help="SRC is a MosaicML Streaming (MDS) or LitData optimize() dataset (its folder, "
+                        "with index.json): re-pack its samples as tar shards, a member per field")
+    p.add_argument("--label", default=None, metavar="FIELD",
+                   help="with --from: the field written as cls (the class number read_tar reads)")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="with --from: read pkl/pickle fields (unpickling runs code from the file)")
     p.set_defaults(func=run)
     return p
 
@@ -61,6 +69,15 @@ def run(args: argparse.Namespace) -> int:
         except ValueError:
             raise SystemExit(f"conveyor pack: --extensions expects e.g. .jpg,.png, got {args.extensions!r}") from None
     t0 = time.perf_counter()
+    if getattr(args, "from_format", None):
+        if args.format != "tar" or args.resize is not None or extensions is not None:
+            raise SystemExit("conveyor pack: --from writes tar shards; --format, --resize and --extensions "
+                             "are for image folders")
+        index = pack_from(args.from_format, args.src, args.dst, shard_size=size, prefix=args.prefix,
+                          overwrite=args.overwrite, label=args.label, allow_pickle=args.allow_pickle)
+        print(f"packed {index['samples']} samples of the {args.from_format} dataset {redact(args.src)} into "
+              f"{len(index['shards'])} shard(s) under {redact(args.dst)} in {time.perf_counter() - t0:.1f} s")
+        return 0
     if args.format == "lmdb":
         if args.resize is not None:
             raise SystemExit("conveyor pack: --resize is for tar shards (--format tar) only")

@@ -110,6 +110,14 @@ class _ShardWriter:
         self.bytes += _tar_size(len(data)) + _tar_size(len(label))
         self.samples += 1
 
+    def add_fields(self, key: str, fields: list[tuple[str, bytes]]) -> None:
+        """One sample as members ``{key}.{field}`` (``conveyor pack --from``)."""
+        assert self._tar is not None
+        for field, data in fields:
+            self._tar.addfile(_member(f"{key}.{field}", len(data)), io.BytesIO(data))
+            self.bytes += _tar_size(len(data))
+        self.samples += 1
+
     def close(self) -> None:
         if self._tar is None:
             return

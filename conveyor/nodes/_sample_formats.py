@@ -1,0 +1,359 @@
+"""The MDS and LitData formats as conveyor reads them, with no dependency on either library.
+
+Both are folders with an ``index.json`` and shards (MDS's ``shard.NNNNN.mds[.zstd]``, LitData's
+``chunk-R-I[.zstd].bin``) laid out the same way: ``[n: u32][offsets: (n+1) u32][samples]``,
+each sample ``[sizes: u32 each][fields]``. MDS gives the sizes of variable-size columns only
+(``column_sizes`` in the index), LitData of every leaf of its pytree. A compressed shard is
+compressed whole, so it is read whole and decompressed (kept in memory, a few at a time); an
+uncompressed one is read a sample at a time (``[start, end)`` of its offsets).
+
+Everything that does not fit is an error naming the file: an index that does not parse or names
+an encoding this reader does not know (``SourceError``, at listing time), and a shard whose
+header or size does not match its index, or that is cut short (``SampleError``).
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import pickle
+import struct
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Callable
+
+import numpy as np
+
+from conveyor.errors import SampleError, SourceError
+from conveyor.storage import Storage
+
+INDEX = "index.json"
+_U32 = struct.Struct("<I")
+
+# MDS ndarray's dtype codes and scalar encodings (streaming.base.format.mds.encodings)
+_MDS_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16", 32: "uint32", 33: "int32",
+               34: "float32", 64: "uint64", 65: "int64", 66: "float64"}
+_MDS_SCALARS = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float16", "float32",
+                "float64"}
+_MDS_KNOWN = {"bytes", "str", "int", "ndarray", "str_int", "str_float", "str_decimal", "pil", "jpeg", "png",
+              "pkl", "json", "list[jpeg]", "list[png]", "list[pil]", "jpeg_array", "jpegarray"} | _MDS_SCALARS
+# LitData's numpy dtype order (litdata.constants._NUMPY_SCTYPES) and torch's (_TORCH_DTYPES_MAPPING)
+_LIT_NUMPY = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32",
+              "float64", "complex64", "complex128", "bool"]
+_LIT_TORCH = ["float32", "float32", "float64", "float64", "complex64", "complex64", "complex128", "complex128",
+              "float16", "float16", "bfloat16", "uint8", "int8", "int16", "int16", "int32", "int32", "int64",
+              "int64", "bool", "uint16"]
+_LIT_KNOWN = {"int", "float", "str", "bytes", "bool", "pil", "jpeg", "numpy", "no_header_numpy", "tensor",
+              "no_header_tensor", "pickle"}
+
+
+def _decompressor(codec: str | None, where: str) -> Callable[[bytes], bytes] | None:
+    if not codec:
+        return None
+    name = codec.split(":", 1)[0]
+    if name == "zstd":
+        try:
+            import zstandard
+        except ImportError:
+            raise SourceError(f"{where}: zstd-compressed shards need the zstandard package: "
+                              "pip install 'conveyor[formats]'") from None
+        return lambda data: zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    if name == "gz":
+        return gzip.decompress
+    if name == "bz2":
+        return bz2.decompress
+    raise SourceError(f"{where}: compression {codec!r} is not read by conveyor (zstd, gz and bz2 are)")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard: its file's URL, its sample count, the bytes the index says it has (or None),
+    and how it is compressed."""
+
+    url: str
+    samples: int
+    size: int | None
+    decompress: Callable[[bytes], bytes] | None
+    raw_size: int | None = None  # a compressed shard's bytes once decompressed, when known
+
+
+def _array(a: np.ndarray) -> np.ndarray:
+    return a.copy()  # writable, owns its memory
+
+
+def _pil_pixels(data: bytes, where: str) -> np.ndarray:
+    width, height, mode_len = struct.unpack_from("<III", data)
+    mode = data[12:12 + mode_len].decode()
+    channels = {"L": 0, "RGB": 3, "RGBA": 4, "LA": 2, "CMYK": 4}.get(mode)
+    if channels is None:
+        raise SampleError(f"{where}: a raw image of mode {mode!r} (conveyor reads L, LA, RGB, RGBA, CMYK)")
+    shape = (height, width) + ((channels,) if channels else ())
+    return _array(np.frombuffer(data, np.uint8, offset=12 + mode_len).reshape(shape))
+
+
+def _byte_list(data: bytes, start: int) -> list[bytes]:
+    """MDS's list[...] (after a 4-byte placeholder) and jpeg_array: [n][sizes][items]."""
+    n, = _U32.unpack_from(data, start)
+    sizes = struct.unpack_from(f"<{n}I", data, start + 4)
+    pos, out = start + 4 + 4 * n, []
+    for size in sizes:
+        out.append(data[pos:pos + size])
+        pos += size
+    return out
+
+
+def mds_decoder(encoding: str, where: str, allow_pickle: bool) -> Callable[[bytes], Any]:
+    """The function turning one MDS column's bytes into its value; images stay encoded bytes
+    (``jpeg``/``png``, for conveyor.image), a raw ``pil`` image becomes an HxW[xC] uint8 array."""
+    base, _, rest = encoding.partition(":")
+    if base not in _MDS_KNOWN:
+        raise SourceError(f"{where}: column encoding {encoding!r} is not an MDS encoding "
+                          f"(known: {', '.join(sorted(_MDS_KNOWN))})")
+    if base == "pkl" and not allow_pickle:
+        raise SourceError(f"{where}: column encoding 'pkl' runs code from the file when unpickled; "
+                          "set allow_pickle: true if you trust the dataset")
+    simple: dict[str, Callable[[bytes], Any]] = {
+        "bytes": bytes, "jpeg": bytes, "png": bytes, "str": lambda d: d.decode("utf-8"),
+        "int": lambda d: struct.unpack("<q", d)[0], "str_int": lambda d: int(d.decode()),
+        "str_float": lambda d: float(d.decode()), "str_decimal": lambda d: Decimal(d.decode()),
+        "json": lambda d: json.loads(d.decode("utf-8")), "pkl": pickle.loads,
+        "pil": lambda d: _pil_pixels(d, where), "jpeg_array": lambda d: _byte_list(d, 0),
+        "jpegarray": lambda d: _byte_list(d, 0), "list[jpeg]": lambda d: _byte_list(d, 4),
+        "list[png]": lambda d: _byte_list(d, 4),
+        "list[pil]": lambda d: [_pil_pixels(x, where) for x in _byte_list(d, 4)],
+    }
+    if base in simple:
+        return simple[base]
+    if base in _MDS_SCALARS:
+        dtype = np.dtype(base)
+        return lambda d: np.frombuffer(d, dtype)[0].item()
+    args = rest.split(":") if rest else []
+    dtype = args[0] if args else None
+    shape = tuple(int(x) for x in args[1].split(",")) if len(args) > 1 else None
+    if dtype is not None and dtype not in _MDS_DTYPES.values() or len(args) > 2:
+        raise SourceError(f"{where}: column encoding {encoding!r}: not ndarray[:dtype[:shape]] with a dtype "
+                          f"of {', '.join(_MDS_DTYPES.values())}")
+
+    def ndarray(d: bytes) -> np.ndarray:
+        pos, kind, dims = 0, dtype, shape
+        if kind is None:
+            kind, pos = _MDS_DTYPES[d[0]], 1
+        if dims is None:
+            ndim, code = d[pos] >> 2, d[pos] & 3
+            width = 1 << code
+            dims = tuple(np.frombuffer(d, f"<u{width}", ndim, pos + 1).tolist())
+            pos += 1 + ndim * width
+        return _array(np.frombuffer(d, kind, offset=pos).reshape(dims))
+
+    return ndarray
+
+
+def lit_decoder(fmt: str, where: str, allow_pickle: bool) -> Callable[[bytes], Any]:
+    """The function turning one LitData leaf's bytes into its value (images as for MDS)."""
+    base, _, arg = fmt.partition(":")
+    if base not in _LIT_KNOWN:
+        raise SourceError(f"{where}: serializer {fmt!r} is not read by conveyor (it reads "
+                          f"{', '.join(sorted(_LIT_KNOWN))}); re-write that field with one of them")
+    if base == "pickle" and not allow_pickle:
+        raise SourceError(f"{where}: serializer 'pickle' runs code from the file when unpickled; "
+                          "set allow_pickle: true if you trust the dataset")
+    if base == "numpy":
+        def numpy(d: bytes) -> np.ndarray:
+            code, ndim = struct.unpack_from("<II", d)
+            dims = struct.unpack_from(f"<{ndim}I", d, 8)
+            return _array(np.frombuffer(d, _LIT_NUMPY[code], offset=8 + 4 * ndim).reshape(dims))
+        return numpy
+    if base == "no_header_numpy":
+        kind = _LIT_NUMPY[int(arg)]
+        return lambda d: _array(np.frombuffer(d, kind))
+    if base in ("tensor", "no_header_tensor"):
+        import torch
+
+        def tensor(d: bytes) -> Any:
+            if base == "tensor":
+                code, ndim = struct.unpack_from(">II", d)
+                dims, start = struct.unpack_from(f">{ndim}I", d, 8), 8 + 4 * ndim
+            else:
+                code, dims, start = int(arg), None, 0
+            dtype = getattr(torch, _LIT_TORCH[code])
+            flat = torch.frombuffer(bytearray(d[start:]), dtype=dtype) if len(d) > start else torch.empty(0, dtype=dtype)
+            return flat.reshape(dims) if dims is not None else flat
+        return tensor
+    return {"int": lambda d: struct.unpack("<q", d)[0], "float": lambda d: struct.unpack("<d", d)[0],
+            "str": lambda d: d.decode("utf-8"), "bytes": bytes, "jpeg": bytes, "bool": lambda d: d != b"\x00",
+            "pil": lambda d: _pil_pixels(d, where), "pickle": pickle.loads}[base]
+
+
+def _tree(spec: Any, where: str) -> Any:
+    """LitData's pytree spec as nested (kind, keys, children); leaves are None."""
+    kind, context, children = spec.get("type"), spec.get("context"), spec.get("children_spec", [])
+    if kind is None:
+        return None
+    if kind not in ("builtins.dict", "builtins.list", "builtins.tuple"):
+        raise SourceError(f"{where}: a sample of type {kind!r} (conveyor reads dicts, lists and tuples)")
+    keys = json.loads(context) if kind == "builtins.dict" else None
+    return (kind, keys, [_tree(c, where) for c in children])
+
+
+def _build(tree: Any, leaves: Any) -> Any:
+    if tree is None:
+        return next(leaves)
+    kind, keys, children = tree
+    values = [_build(c, leaves) for c in children]
+    if kind == "builtins.dict":
+        return dict(zip(keys, values))
+    return values if kind == "builtins.list" else tuple(values)
+
+
+class SampleSet:
+    """A dataset's index: its shards and how to decode a sample. ``open_set`` makes one."""
+
+    def __init__(self, root: str, kind: str, shards: list[Shard], decode: Callable[[bytes, str], dict]):
+        self.root, self.kind, self.shards, self.decode = root, kind, shards, decode
+
+
+def open_set(root: str, kind: str, storage: Storage, allow_pickle: bool = False) -> SampleSet:
+    """Read ``root/index.json`` of an MDS (``kind="mds"``) or LitData (``"litdata"``) dataset.
+
+    Raises:
+        SourceError: no index, an index that does not parse, or an encoding not read here.
+    """
+    root = root.rstrip("/")
+    url = f"{root}/{INDEX}"
+    try:
+        index = json.loads(storage.read(url))
+    except (SampleError, SourceError) as exc:
+        raise SourceError(f"{kind}: cannot read {url} ({exc})") from exc
+    except ValueError as exc:
+        raise SourceError(f"{kind}: {url} is not JSON ({exc})") from None
+    try:
+        return (_open_mds if kind == "mds" else _open_litdata)(root, url, index, allow_pickle)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise SourceError(f"{kind}: {url} is not a {kind} index ({type(exc).__name__}: {exc})") from None
+
+
+def _open_mds(root: str, url: str, index: dict, allow_pickle: bool) -> SampleSet:
+    shards, decoders = [], {}
+    for i, s in enumerate(index["shards"]):
+        if s.get("format") != "mds":
+            raise SourceError(f"mds: {url}: shard {i} is in format {s.get('format')!r}, not mds")
+        data = s["zip_data"] if s.get("compression") else s["raw_data"]
+        name = data["basename"]
+        where = f"mds: {root}/{name}"
+        cols = [(n, mds_decoder(e, f"{where}: column {n!r}", allow_pickle), z)
+                for n, e, z in zip(s["column_names"], s["column_encodings"], s["column_sizes"])]
+        shard = Shard(f"{root}/{name}", int(s["samples"]), data.get("bytes"),
+                      _decompressor(s.get("compression"), where), (s.get("raw_data") or {}).get("bytes"))
+        decoders[shard.url] = cols
+        shards.append(shard)
+
+    def decode(raw: bytes, shard_url: str) -> dict:
+        cols = decoders[shard_url]
+        n_var = sum(1 for _, _, z in cols if z is None)
+        sizes = iter(struct.unpack_from(f"<{n_var}I", raw))
+        pos, out = 4 * n_var, {}
+        for name, fn, fixed in cols:
+            size = fixed if fixed is not None else next(sizes)
+            if pos + size > len(raw):
+                raise ValueError(f"column {name!r} runs past the sample's {len(raw)} bytes")
+            out[name] = fn(raw[pos:pos + size])
+            pos += size
+        return out
+
+    return SampleSet(root, "mds", shards, decode)
+
+
+def _open_litdata(root: str, url: str, index: dict, allow_pickle: bool) -> SampleSet:
+    config = index["config"]
+    if config.get("item_loader", "PyTreeLoader") != "PyTreeLoader":
+        raise SourceError(f"litdata: {url}: item_loader {config['item_loader']!r}: conveyor reads "
+                          "PyTreeLoader datasets (optimize()'s default)")
+    if config.get("encryption"):
+        raise SourceError(f"litdata: {url}: encrypted chunks are not read by conveyor")
+    if config.get("compression_level") not in (None, "chunk"):
+        raise SourceError(f"litdata: {url}: compression_level {config['compression_level']!r}: conveyor "
+                          "reads whole-chunk compression (compression_level='chunk') only")
+    fns = [lit_decoder(f, f"litdata: {url}: leaf {i}", allow_pickle) for i, f in enumerate(config["data_format"])]
+    spec = json.loads(config["data_spec"])
+    tree = _tree(spec[1] if isinstance(spec, list) else spec, f"litdata: {url}")
+    codec = config.get("compression")
+    # chunk_bytes is the chunk's size before compression
+    shards = [Shard(f"{root}/{c['filename']}", int(c["chunk_size"]), None if codec else c.get("chunk_bytes"),
+                    _decompressor(codec, f"litdata: {root}/{c['filename']}"), c.get("chunk_bytes") if codec else None)
+              for c in index["chunks"]]
+    n = len(fns)
+
+    def decode(raw: bytes, shard_url: str) -> dict:
+        sizes = struct.unpack_from(f"<{n}I", raw)
+        pos, leaves = 4 * n, []
+        for fn, size in zip(fns, sizes):
+            if pos + size > len(raw):
+                raise ValueError(f"leaf {len(leaves)} runs past the sample's {len(raw)} bytes")
+            leaves.append(fn(raw[pos:pos + size]))
+            pos += size
+        value = _build(tree, iter(leaves))
+        return value if isinstance(value, dict) else {"value": value}
+
+    return SampleSet(root, "litdata", shards, decode)
+
+
+class ShardReader:
+    """Reads samples out of a set's shards: offsets read once per shard, a sample one ranged read
+    (uncompressed), a compressed shard read whole and kept (``keep`` at a time)."""
+
+    def __init__(self, storage: Storage, keep: int = 2):
+        self.storage, self.keep = storage, keep
+        self._offsets: dict[str, tuple[int, ...]] = {}
+        self._whole: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _header(self, shard: Shard, data: bytes | None) -> tuple[int, ...]:
+        n = shard.samples
+        head = data[:8 + 4 * n] if data is not None else self.storage.read(shard.url, 0, 8 + 4 * n)
+        if len(head) < 8 + 4 * n:
+            raise SampleError(f"{shard.url}: cut short: {len(head)} bytes, less than its header")
+        count, = _U32.unpack_from(head)
+        if count != n:
+            raise SampleError(f"{shard.url}: its header holds {count} samples, {INDEX} lists {n}: the "
+                              "index does not match its shards")
+        offsets = struct.unpack_from(f"<{n + 1}I", head, 4)
+        size = len(data) if data is not None else self.storage.size(shard.url)
+        if shard.size is not None and shard.decompress is None and size != shard.size:
+            raise SampleError(f"{shard.url}: {size} bytes, {INDEX} says {shard.size}: "
+                              f"{'cut short' if size < shard.size else 'it does not match its index'}")
+        if offsets[-1] > size:
+            raise SampleError(f"{shard.url}: cut short: {size} bytes, its samples end at byte {offsets[-1]}")
+        return offsets
+
+    def sample(self, shard: Shard, pos: int) -> bytes:
+        """The bytes of sample ``pos`` of ``shard``."""
+        data = None
+        if shard.decompress is not None:
+            with self._lock:
+                data = self._whole.get(shard.url)
+                if data is not None:
+                    self._whole.move_to_end(shard.url)
+            if data is None:
+                packed = self.storage.read(shard.url)
+                if shard.size is not None and len(packed) != shard.size:
+                    raise SampleError(f"{shard.url}: {len(packed)} bytes, {INDEX} says {shard.size}: "
+                                      f"{'cut short' if len(packed) < shard.size else 'not its index'}")
+                try:
+                    data = shard.decompress(packed)
+                except Exception as exc:
+                    raise SampleError(f"{shard.url}: does not decompress ({type(exc).__name__}: {exc})") from None
+                if shard.raw_size is not None and len(data) != shard.raw_size:
+                    raise SampleError(f"{shard.url}: {len(data)} bytes decompressed, {INDEX} says "
+                                      f"{shard.raw_size}: it does not match its index")
+                with self._lock:
+                    self._whole[shard.url] = data
+                    while len(self._whole) > self.keep:
+                        self._whole.popitem(last=False)
+        offsets = self._offsets.get(shard.url)
+        if offsets is None:
+            offsets = self._offsets[shard.url] = self._header(shard, data)
+        start, end = offsets[pos], offsets[pos + 1]
+        return data[start:end] if data is not None else self.storage.read(shard.url, start, end)
