@@ -18,8 +18,11 @@ version or an edit, whose meaning this code would drop (a resume that silently i
 a state is not exact). Keys that states of earlier releases lack are declared ``optional``.
 
 Example:
-    >>> from conveyor.nodes import ListFiles
-    >>> Fields({"pos": Int(), "wrapped": Bool()}).check({"pos": 3, "wrapped": False}, At(None))
+    >>> shape = Fields({"pos": Int(), "wrapped": Bool()})
+    >>> shape.check({"pos": 3, "wrapped": False}, At(None, ("shard",)))   # fits: nothing happens
+    >>> shape.check({"pos": -1, "wrapped": False}, At(None, ("shard",)))
+    Traceback (most recent call last):
+    conveyor.errors.StateError: state shard > pos: expected an int >= 0, got -1
 """
 
 from __future__ import annotations
@@ -163,7 +166,7 @@ class Plain(Shape):
 
     def check(self, value: Any, at: At) -> None:
         if (self.kind is not None and not isinstance(value, self.kind)) or not _plain(value):
-            raise at.fail(value, "plain data" + (f" ({self.kind.__name__})" if self.kind else ""))
+            raise at.fail(value, f"a {self.kind.__name__} of plain data" if self.kind else "plain data")
 
 
 @dataclass(frozen=True)
