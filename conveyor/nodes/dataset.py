@@ -92,7 +92,7 @@ class DatasetSampler(BaseNode[dict]):
 
     POS_KEY = "pos"
     LEN_KEY = "len"
-    STATE_SHAPE = Fields({POS_KEY: Int(at_most=LEN_KEY), LEN_KEY: Int()})
+    STATE_SHAPE = Fields({POS_KEY: Int(), LEN_KEY: Int()})  # (pos may pass len: num_samples)
 
     def __init__(self, dataset: Any, *, sampler: str = "sequential", seed: int = 0,
                  weights: Sequence[float] | None = None, num_samples: int | None = None,
