@@ -37,7 +37,7 @@ from conveyor.graphs.epochs import EpochIterator, Epochs
 from conveyor.graphs.length import UnknownLength
 from conveyor.graphs.listings import ListingCheck
 from conveyor.graphs.run import GraphRun
-from conveyor.graphs.state import digest, merged_rank_states, summary
+from conveyor.graphs.state import digest, merged_rank_states, rank_key, summary
 from conveyor.graphs.stats import epoch_stats, skip_ledger
 
 log = logging.getLogger(__name__)
@@ -209,6 +209,7 @@ class Loader:
             return
         own = states.own(by_rank)
         states.check_fits(own, strict)
+        self._epochs.run.check_state(own["graph"], (rank_key(own["rank"]), "graph"))
         if not self._c.plan.resumable:
             log.warning("%s declares resumable: false: this state restores the position of every "
                         "node, but the batches after it will not be exactly the uninterrupted run's",

@@ -20,7 +20,7 @@ from conveyor.graphs.distributed import Ranks
 from conveyor.graphs.length import epoch_length
 from conveyor.graphs.state import States
 from conveyor.graphs.watchdog import DEFAULT_AFTER, Watchdog, graph_progress, graph_report
-from conveyor.nodes import join_threads
+from conveyor.nodes import check_state, join_threads
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,16 @@ class GraphRun:
         finally:
             if dog is not None:
                 dog.left += 1
+
+    def check_state(self, graph_state: Any, path: tuple[str, ...]) -> None:
+        """Refuse a graph state that does not have the shape its nodes declare (a key missing or
+        unknown, a value of another type or out of bounds), before any node is reset with it.
+
+        Raises:
+            StateError: naming the key path (``path`` > the spec's node > its keys) and the value.
+        """
+        names = {id(counted): name for name, counted in self.compiled.nodes.items()}
+        check_state(self.root, graph_state, path, names)
 
     def pull(self) -> Any:
         """The output's next item (StopIteration at the epoch's end)."""

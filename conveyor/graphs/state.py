@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.errors import StateError
 from conveyor.graphs.compile import node_params
 from conveyor.graphs.validate import Plan
+from conveyor.nodes import state_shape as shape
 
 if TYPE_CHECKING:
     from conveyor.graphs.registry import OpSpec
@@ -37,6 +38,37 @@ RANK_FORMAT = 1    # the layout of one rank's state (a format-1 state is one of 
 # dcp.load({"data": loader}) gives each rank the entry of its own rank number only
 _DCP_HINT = (" (from a torch.distributed.checkpoint folder, conveyor.dcp_states(folder) reads every "
              "rank's: loader.load_state_dict(conveyor.dcp_states(folder)))")
+
+
+# one rank's state (format 1), checked before anything is compared or restored; the graph's own
+# state is checked against its nodes' shapes by the loader (nodes/state_shape.py). "seed" (the
+# graph's seed param) is missing from states written before it was recorded.
+_NODE_SUMMARY = shape.Fields({"op": shape.Str(), "params": shape.Plain(dict), "inputs": shape.ListOf(shape.Str())})
+_WORKERS = shape.Fields({"copies": shape.Int(min=1), "method": shape.Str(), "until": shape.Null(shape.Str())})
+RANK_STATE_SHAPE = shape.Fields({
+    "format": shape.Int(), "digest": shape.Str(), "spec": shape.MapOf(_NODE_SUMMARY),
+    "workers": shape.Null(_WORKERS), "seed": shape.Int(min=None), "rank": shape.Int(), "world": shape.Int(min=1),
+    "epoch": shape.Int(), "yielded": shape.Int(), "cut": shape.Bool(), "graph": shape.Plain(dict),
+}, optional=("seed",))
+
+
+def check_rank_state(state: Any, key: str) -> None:
+    """Refuse a rank state (under ``key`` in the loader state) that is not of the shape this
+    conveyor writes: another format, a key missing or unknown, a value of another type or out of
+    bounds (``epoch: -1``, ``world: "1"``, ``graph: null``...).
+
+    Raises:
+        StateError: naming the key and the value.
+    """
+    at = shape.At(None, (key,))
+    if not isinstance(state, dict):
+        raise at.fail(state, "a conveyor rank state (a dict)")
+    if "format" in state and state["format"] != RANK_FORMAT:
+        raise StateError(f"rank state format {state['format']!r} is not supported (this conveyor "
+                         f"writes format {RANK_FORMAT})")
+    RANK_STATE_SHAPE.check(state, at)
+    if state["rank"] >= state["world"]:
+        raise at.key("rank").fail(state["rank"], f"a rank < world ({state['world']})")
 
 
 def is_safe_param(op: OpSpec, param: str) -> bool:
@@ -75,6 +107,7 @@ def summary(plan: Plan) -> dict[str, Any]:
         "output": plan.output,
         "workers": None if copies is None else {"copies": copies.count, "method": copies.method,
                                                 "until": copies.until},
+        "seed": plan.seed,  # the graph's seed param: every node's seed left out is this one
     }
 
 
@@ -100,21 +133,29 @@ def rank_states(state: Any) -> dict[int, dict[str, Any]]:
     """
     if not isinstance(state, dict) or "format" not in state:
         raise StateError("not a conveyor loader state (expected a dict from Loader.state_dict())")
+    if type(state["format"]) is not int:
+        raise StateError(f"state format {state['format']!r} is not supported (this conveyor "
+                         f"writes format {STATE_FORMAT})")
     if state["format"] == RANK_FORMAT and "graph" in state:
-        return {state.get("rank", 0): state}
+        check_rank_state(state, "state")
+        return {state["rank"]: state}
     if state["format"] != STATE_FORMAT:
         raise StateError(f"state format {state['format']} is not supported (this conveyor "
                          f"writes format {STATE_FORMAT})")
     out = {}
     for key, value in state.items():
-        if not (key.startswith("rank") and key[4:].isdigit()):
-            continue
+        if not (isinstance(key, str) and key.startswith("rank") and key[4:].isdigit()):
+            continue  # (other keys: what a checkpoint merged into the same dict)
         try:
             one = json.loads(value)
         except (TypeError, ValueError) as exc:
             raise StateError(f"state entry '{key}' is not a conveyor rank state: {exc}") from None
         if not isinstance(one, dict) or "graph" not in one:
             raise StateError(f"state entry '{key}' is not a conveyor rank state")
+        check_rank_state(one, key)
+        if one["rank"] != int(key[4:]):
+            raise StateError(f"state {key} > rank: expected {int(key[4:])} (the rank of its entry), "
+                             f"got {one['rank']!r}")
         out[int(key[4:])] = one
     return out
 
@@ -159,6 +200,7 @@ class States:
             "digest": self.digest,
             "spec": self.summary["nodes"],
             "workers": self.summary["workers"],
+            "seed": self.summary["seed"],
             "rank": self.rank,
             "world": self.world,
             "epoch": epoch,
@@ -223,11 +265,12 @@ class States:
                              f"'{now_w.get('until')}': load the states of every rank of the old run to "
                              "resume with other copies (elastic)")
         if state.get("digest") != self.digest:
-            self.compare(state.get("spec") or {}, strict)
+            self.compare(state.get("spec") or {}, strict, state.get("seed"))
 
-    def compare(self, saved: dict[str, Any], strict: bool) -> None:
-        """Compare a saved spec summary's nodes with this graph's: another graph is refused; params
-        that change the data are refused under ``strict``; every difference is logged."""
+    def compare(self, saved: dict[str, Any], strict: bool, saved_seed: int | None = None) -> None:
+        """Compare a saved spec summary's nodes (and the graph's seed, where the state records
+        it) with this graph's: another graph is refused; params that change the data are
+        refused under ``strict``; every difference is logged."""
         now = self.summary["nodes"]
         structural = []
         for n in saved:
@@ -242,6 +285,9 @@ class States:
         if structural:
             raise StateError("the state is from a different graph: " + "; ".join(structural))
         diffs = []
+        if saved_seed is not None and saved_seed != self.summary["seed"]:  # every node's default seed
+            diffs.append((False, f"the graph's seed (param 'seed'): saved {saved_seed!r}, now "
+                                 f"{self.summary['seed']!r} (breaks exactness: the batches will differ)"))
         spec_dir = self.plan.spec_dir  # a state from before paths were kept as ${spec_dir}/...
         for n, node in now.items():
             old = saved[n]["params"]

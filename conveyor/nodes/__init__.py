@@ -19,7 +19,7 @@ Example:
     [[0, 10], [20, 30], [40]]
 """
 
-from conveyor.nodes import capabilities
+from conveyor.nodes import capabilities, state_shape
 from conveyor.nodes._configured import PerWorker
 from conveyor.nodes._elastic import Cursor, deal_end, encode_bits, remaining, slot_items
 from conveyor.nodes._lmdb import lmdb_module
@@ -51,6 +51,7 @@ from conveyor.nodes.read_samples import ReadSamples
 from conveyor.nodes.read_tar import ReadTar
 from conveyor.nodes.shard import Shard, count_items, dist_rank_world
 from conveyor.nodes.shuffle_buffer import ShuffleBuffer
+from conveyor.nodes.state_shape import check_state
 from conveyor.nodes.to_device import ToDevice
 
 __all__ = [
@@ -90,6 +91,7 @@ __all__ = [
     "below",
     "capabilities",
     "check_dtype",
+    "check_state",
     "count_items",
     "deal_end",
     "dist_rank_world",
@@ -103,6 +105,7 @@ __all__ = [
     "pull",
     "remaining",
     "slot_items",
+    "state_shape",
     "suffixes",
     "wants_rng",
     "weights_problem",

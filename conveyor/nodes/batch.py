@@ -9,6 +9,7 @@ from __future__ import annotations
 from torchdata.nodes import BaseNode
 
 from conveyor.nodes._elastic import Cursor
+from conveyor.nodes.state_shape import Child, Fields
 
 
 class Batch(BaseNode[list]):
@@ -26,6 +27,7 @@ class Batch(BaseNode[list]):
     """
 
     SOURCE_KEY = "source"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child()})
 
     def __init__(self, source: BaseNode, *, size: int, drop_last: bool = False):
         super().__init__()

@@ -73,6 +73,7 @@ from conveyor.nodes._buckets import (ALL, DEFAULT_POOL, EMPTY, NONE, OVERFLOW, B
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 from conveyor.nodes.capabilities import take
+from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, ListOf, Real, STATS_SHAPE
 
 log = logging.getLogger(__name__)
 _CHUNK = 256  # input items read at once (the input's state is kept at chunk starts)
@@ -126,6 +127,9 @@ class BucketBatch(BaseNode[list]):
     POOLS_KEY = "pools"
     BOUNDARIES_KEY = "boundaries"
     STATS_KEY = "stats"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), REPLAY_KEY: Int(), DONE_KEY: ListOf(Int()), EMITTING_KEY: Int(min=ALL),
+                          OUT_POS_KEY: Int(), POOLS_KEY: Int(), BOUNDARIES_KEY: ListOf(Real()), STATS_KEY: STATS_SHAPE,
+                          LEDGER_KEY: LEDGER_SHAPE}, optional=(LEDGER_KEY,))
 
     def __init__(self, source: BaseNode, *, length: str | Callable[[Any], int] = "input_ids",
                  boundaries: Sequence[int] | str, batch_sizes: Sequence[int] | None = None,

@@ -33,6 +33,7 @@ from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_
 from torchdata.nodes import BaseNode
 
 from conveyor.nodes._workers.batch_slabs import Buffers, plain_tensor, slab_batch
+from conveyor.nodes.state_shape import Child, Fields
 
 
 def _stack_tensors(batch: list[torch.Tensor], *, collate_fn_map: Any = None,
@@ -170,6 +171,7 @@ class Collate(BaseNode):
     """
 
     SOURCE_KEY = "source"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child()})
 
     def __init__(self, source: BaseNode, *, where: str | None = None):
         super().__init__()

@@ -47,6 +47,7 @@ from conveyor.nodes._workers.copy_worker import BASE_KEY, END, ERR, ITEMS, POLL,
 from conveyor.nodes._workers.shared_slots import MAX_SLOTS, Borrower, available
 from conveyor.nodes._workers.torchdata_threads import Untravelled
 from conveyor.nodes._workers.worker_pipe import make_pipe
+from conveyor.nodes.state_shape import Bool, Fields, Int, ListOf, Null, Plain
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,9 @@ class WorkerCopies(BaseNode):
     COPIES_KEY = "copies"
     NEXT_KEY = "next"
     DONE_KEY = "done"
+    # a copy's graph is built in its worker: its base state is checked there, not here
+    STATE_SHAPE = Fields({COPIES_KEY: ListOf(Fields({BASE_KEY: Null(Plain(dict)), SKIP_KEY: Int()}), length="copies"),
+                          NEXT_KEY: Int(), DONE_KEY: ListOf(Bool(), length="copies")})
 
     def __init__(self, factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], *, copies: int,
                  method: str = "process", mp_context: str | None = "spawn", depth: int = 8,

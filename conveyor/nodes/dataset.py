@@ -27,6 +27,7 @@ from torchdata.nodes import BaseNode
 from conveyor.dataset import DatasetHandle
 from conveyor.errors import StateError
 from conveyor.nodes._rng import derive_seed
+from conveyor.nodes.state_shape import Fields, Int
 
 SAMPLERS = ("sequential", "shuffle", "weighted")
 
@@ -91,6 +92,7 @@ class DatasetSampler(BaseNode[dict]):
 
     POS_KEY = "pos"
     LEN_KEY = "len"
+    STATE_SHAPE = Fields({POS_KEY: Int(), LEN_KEY: Int()})  # (pos may pass len: num_samples)
 
     def __init__(self, dataset: Any, *, sampler: str = "sequential", seed: int = 0,
                  weights: Sequence[float] | None = None, num_samples: int | None = None,

@@ -32,6 +32,7 @@ from conveyor.errors import SampleError
 from conveyor.nodes import capabilities as cap
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 from conveyor.storage import RetryPolicy, Storage
+from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class Fetch(BaseNode[dict]):
 
     SOURCE_KEY = "source"
     EMITTED_KEY = "emitted"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), EMITTED_KEY: Int(), LEDGER_KEY: LEDGER_SHAPE}, optional=(LEDGER_KEY,))
 
     def __init__(self, source: BaseNode, *, concurrency: int = 16, field: str = "path",
                  out: str = "bytes", policy: RetryPolicy | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
+from conveyor.nodes.state_shape import Child, Fields, Int
 
 from conveyor.nodes._workers.map_calls import stopped
 
@@ -31,6 +32,7 @@ class Filter(BaseNode):
 
     SOURCE_KEY = "source"
     FILTERED_KEY = "filtered"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), FILTERED_KEY: Int()})
 
     def __init__(self, source: BaseNode, *, fn: Callable[..., Any], args: dict[str, Any] | None = None,
                  where: str | None = None):

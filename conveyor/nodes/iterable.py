@@ -38,6 +38,7 @@ import logging
 from typing import Any, Callable, Iterator
 
 from torchdata.nodes import BaseNode
+from conveyor.nodes.state_shape import Fields, Int, Plain
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class IterableSource(BaseNode):
 
     YIELDED_KEY = "yielded"
     INNER_KEY = "inner"
+    STATE_SHAPE = Fields({YIELDED_KEY: Int(), INNER_KEY: Plain()}, optional=(INNER_KEY,))
 
     def __init__(self, make: Callable[[], Any], *, name: str | None = None, where: str | None = None):
         super().__init__()

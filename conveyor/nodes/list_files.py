@@ -26,6 +26,7 @@ from torchdata.nodes import BaseNode
 from conveyor.errors import SourceError, StateError
 from conveyor.nodes._rng import derive_seed
 from conveyor.storage import Storage, fixed_part, is_folder_marker
+from conveyor.nodes.state_shape import Fields, Int, Str
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +210,8 @@ class ListFiles(BaseNode[dict]):
     POS_KEY = "pos"
     COUNT_KEY = "count"
     DIGEST_KEY = "digest"
+    STATE_SHAPE = Fields({POS_KEY: Int(at_most=COUNT_KEY), COUNT_KEY: Int(), DIGEST_KEY: Str()},
+                         optional=(COUNT_KEY, DIGEST_KEY))
     OP, UNIT, NAMES = "list_files", "file", "paths"  # how messages name the op and its items
 
     def __init__(self, *, url: str, label: str | None = None, shuffle: bool = False, seed: int = 0,

@@ -50,6 +50,7 @@ from conveyor.nodes._workers.child_processes import threads_instead
 from conveyor.nodes._workers.map_calls import Call, Enumerate, Failed, Slotted
 from conveyor.nodes._workers.map_engines import SKIP_KEY, SOURCE_KEY, InlineEngine, ProcessEngine, ThreadEngine
 from conveyor.nodes._workers.torchdata_threads import CarryErrors, Raised, Untravelled
+from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ class Map(BaseNode):
     SOURCE_KEY = SOURCE_KEY
     SKIP_KEY = SKIP_KEY
     SKIPPED_KEY = "skipped"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), SKIP_KEY: Int(), SKIPPED_KEY: Int(), LEDGER_KEY: LEDGER_SHAPE},
+                         optional=(SKIPPED_KEY, LEDGER_KEY))
 
     def __init__(self, source: BaseNode, *, fn: Callable, args: dict[str, Any] | None = None,
                  workers: int = 0, method: str = "thread", on_error: str = "raise", seed: int = 0,

@@ -32,6 +32,7 @@ from conveyor.nodes._elastic import Cursor
 from conveyor.nodes._skips import LEDGER_KEY, OnError, sample_id
 from conveyor.nodes._workers.map_calls import Failed, parameters, stopped
 from conveyor.nodes.map import ON_ERROR, Map
+from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, Same
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ def wants_rng(fn: Callable) -> bool:
 
 class _Lists(BaseNode[list]):
     """Lists of ``size`` consecutive items (the last may be shorter); the input's state."""
+
+    STATE_SHAPE = Same("source")  # its state is its input's
 
     def __init__(self, source: BaseNode, size: int):
         super().__init__()
@@ -131,6 +134,8 @@ class MapBatches(BaseNode):
     INNER_KEY = "inner"
     EMITTED_KEY = "emitted"
     SKIPPED_KEY = "skipped"
+    STATE_SHAPE = Fields({INNER_KEY: Child("_map"), EMITTED_KEY: Int(), SKIPPED_KEY: Int(), LEDGER_KEY: LEDGER_SHAPE},
+                         optional=(LEDGER_KEY,))
 
     def __init__(self, source: BaseNode, *, fn: Callable, size: int, args: dict[str, Any] | None = None,
                  workers: int = 0, method: str = "thread", on_error: str = "raise",

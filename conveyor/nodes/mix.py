@@ -17,6 +17,7 @@ from typing import Sequence
 from torchdata.nodes import BaseNode
 
 from conveyor.nodes._rng import uniform
+from conveyor.nodes.state_shape import Bool, Children, Fields, Int, ListOf, Null
 
 STOPS = ("all", "first", "forever")
 
@@ -57,6 +58,8 @@ class Mix(BaseNode):
     DRAWS_KEY = "draws"
     DONE_KEY = "done"
     DRAWN_KEY = "drawn"
+    STATE_SHAPE = Fields({INPUTS_KEY: Children("sources"), DRAWS_KEY: Int(), DONE_KEY: ListOf(Bool(), length="sources"),
+                          DRAWN_KEY: Null(ListOf(Int(), length="sources"))}, optional=(DRAWN_KEY,))
 
     def __init__(self, sources: Sequence[BaseNode], *, weights: Sequence[float], stop: str = "all",
                  seed: int = 0):

@@ -51,6 +51,7 @@ from conveyor.nodes._packing import assemble, best_fit, cu_width, first_fit
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 from conveyor.nodes.capabilities import take_exactly
+from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, ListOf, Plain, STATS_SHAPE
 
 log = logging.getLogger(__name__)
 _RANGES: dict[np.dtype, tuple[int, int]] = {}  # an integer dtype's (min, max), for _ids' range check
@@ -126,6 +127,8 @@ class PackTokens(BaseNode[dict]):
     POS_KEY = "pos"
     SETTINGS_KEY = "settings"
     STATS_KEY = "stats"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), POOL_KEY: Int(), POS_KEY: Int(), SETTINGS_KEY: ListOf(Plain()),
+                          STATS_KEY: STATS_SHAPE, LEDGER_KEY: LEDGER_SHAPE}, optional=(LEDGER_KEY,))
 
     def __init__(self, source: BaseNode, *, seq_len: int, field: str = "input_ids", algorithm: str = "best_fit",
                  pool: int = 1000, overflow: str = "split", empty: str = "raise", max_docs: int | None = None,

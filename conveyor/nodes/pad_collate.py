@@ -38,6 +38,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.nodes._padding import DTYPES, SIDES, check_dtype, pad_field  # noqa: F401 - DTYPES: its names
 from conveyor.nodes.collate import _named, check_fields, same_fields
+from conveyor.nodes.state_shape import Child, Fields, Int, Real
 
 
 def _is_seq(value: Any) -> bool:
@@ -193,6 +194,7 @@ class PadCollate(BaseNode):
     REAL_KEY = "real"
     PADDED_KEY = "padded"
     MIN_KEY = "min"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), REAL_KEY: Int(), PADDED_KEY: Int(), MIN_KEY: Real(min=0)})
 
     def __init__(self, source: BaseNode, *, fields: Sequence[Any] | None = None,
                  pad_value: float | Mapping[Any, float] = 0, side: str = "right",

@@ -14,6 +14,7 @@ import logging
 import torch
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 from torchdata.nodes import BaseNode
+from conveyor.nodes.state_shape import Child, Fields
 
 log = logging.getLogger(__name__)
 _told = False
@@ -37,6 +38,7 @@ class PinMemory(BaseNode):
     """
 
     SOURCE_KEY = "source"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child()})
 
     def __init__(self, source: BaseNode, *, enabled: bool | None = None):
         super().__init__()

@@ -32,6 +32,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from conveyor.nodes._elastic import Cursor
+from conveyor.nodes.state_shape import Child, Fields, Int
 
 _END = object()     # the input ended
 _STOP = object()    # a credit that tells the thread to stop
@@ -121,6 +122,7 @@ class Prefetch(BaseNode):
     """
 
     IT_KEY = "it"
+    STATE_SHAPE = Fields({IT_KEY: Fields({"snapshot": Child(), "steps_since_snapshot": Int()})})
 
     def __init__(self, source: BaseNode, *, depth: int = 2, snapshot_every: int = 1):
         super().__init__()

@@ -66,6 +66,7 @@ from conveyor._line_files import (BLOCK, READ_ERRORS, compression_problem, encod
                                   open_zip, parse_line)
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 from conveyor.storage import RetryPolicy, Storage, is_local, redact
+from conveyor.nodes.state_shape import Bool, Child, Fields, Int, LEDGER_SHAPE
 
 try:  # a faster parser where installed; the standard library decides about what it refuses
     from orjson import loads as _fast_loads
@@ -109,6 +110,8 @@ class ReadJsonl(BaseNode[dict]):
     LINE_KEY = "line"
     SKIPPED_KEY = "skipped"
     FILES_KEY = "files"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), OPEN_KEY: Bool(), OFFSET_KEY: Int(), LINE_KEY: Int(), SKIPPED_KEY: Int(),
+                          FILES_KEY: Int(), LEDGER_KEY: LEDGER_SHAPE}, optional=(LEDGER_KEY,))
 
     def __init__(self, source: BaseNode, *, format: str = "jsonl", field: str | None = "text",
                  on_error: str = "raise", encoding: str = "utf-8",

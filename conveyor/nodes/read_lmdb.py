@@ -20,6 +20,7 @@ from torchdata.nodes import BaseNode
 from conveyor.errors import SampleError
 from conveyor.nodes._lmdb import open_env
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
+from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class ReadLmdb(BaseNode[dict]):
 
     SOURCE_KEY = "source"
     SKIPPED_KEY = "skipped"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), SKIPPED_KEY: Int(), LEDGER_KEY: LEDGER_SHAPE}, optional=(LEDGER_KEY,))
 
     def __init__(self, source: BaseNode, *, out: str = "bytes", on_error: str = "raise"):
         super().__init__()

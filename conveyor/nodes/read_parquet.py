@@ -36,6 +36,7 @@ from torchdata.nodes import BaseNode
 from conveyor.errors import SampleError, SourceError
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 from conveyor.storage import RetryPolicy, Storage
+from conveyor.nodes.state_shape import Bool, Child, Fields, Int, LEDGER_SHAPE
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class ReadParquet(BaseNode[dict]):
     SKIPPED_KEY = "skipped"
     SKIPPED_FILES_KEY = "skipped_files"
     FILES_KEY = "files"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), OPEN_KEY: Bool(), GROUP_KEY: Int(), ROW_KEY: Int(), SKIPPED_KEY: Int(),
+                          SKIPPED_FILES_KEY: Int(), FILES_KEY: Int(), LEDGER_KEY: LEDGER_SHAPE}, optional=(LEDGER_KEY,))
 
     def __init__(self, source: BaseNode, *, columns: list[str] | None = None, batch_rows: int = 1024,
                  on_error: str = "raise", storage_options: dict[str, Any] | None = None,

@@ -49,6 +49,7 @@ from conveyor.errors import ConveyorError, SampleError, SourceError
 from conveyor.nodes._tar import BLOCK, OpenTar, sample_problem
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 from conveyor.storage import NOT_FOUND, RetryPolicy, Storage, classify, redact
+from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ class ReadTar(BaseNode[dict]):
     OFFSET_KEY = "offset"
     POS_KEY = "pos"
     SHARDS_KEY = "shards"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), OFFSET_KEY: Int(min=-1), POS_KEY: Int(), SHARDS_KEY: Int(),
+                          LEDGER_KEY: LEDGER_SHAPE}, optional=(LEDGER_KEY,))  # offset -1: no shard open
 
     def __init__(self, source: BaseNode, *, field: str = "path", policy: RetryPolicy | None = None,
                  storage_options: dict[str, Any] | None = None, block_size: int = 8 << 20,

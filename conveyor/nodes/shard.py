@@ -33,6 +33,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.nodes import capabilities as cap
 from conveyor.nodes._elastic import Cursor, deal_end, remaining, slot_items
+from conveyor.nodes.state_shape import Bool, Child, Fields, Int, ListOf, Null, Str
 
 log = logging.getLogger(__name__)
 EQUALIZE = ("repeat", "drop", "none")
@@ -63,6 +64,12 @@ def count_items(node: BaseNode) -> int:
     return n
 
 
+# an elastic deal (nodes/_elastic.py): per interruption, the old slots' [rank, copy, prefix, bits]
+DEAL_SHAPE = Fields({"epoch": Int(), "levels": ListOf(Fields({
+    "world": Int(min=1), "workers": Int(min=1), "equalize": Str(),
+    "slots": ListOf(ListOf(Int() | Str()))}))})
+
+
 class Shard(BaseNode):
     """Keep this rank's items (every ``world``-th), and of those this worker's (every ``workers``-th).
 
@@ -86,6 +93,8 @@ class Shard(BaseNode):
     TOTAL_KEY = "total"
     DEAL_KEY = "deal"
     READ_KEY = "read"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), POS_KEY: Int(), WRAPPED_KEY: Bool(), TOTAL_KEY: Null(Int()),
+                          DEAL_KEY: Null(DEAL_SHAPE), READ_KEY: Int()}, optional=(TOTAL_KEY, DEAL_KEY, READ_KEY))
 
     def __init__(self, source: BaseNode, *, rank: int | None = None, world: int | None = None,
                  worker: int = 0, workers: int = 1, equalize: str = "repeat"):

@@ -39,6 +39,7 @@ from conveyor.errors import StateError
 from conveyor.nodes.capabilities import take_exactly
 from conveyor.nodes._elastic import Cursor, compact
 from conveyor.nodes._rng import derive_seed
+from conveyor.nodes.state_shape import Child, Fields, Int, Str
 
 
 _NONES = [None] * 1024
@@ -91,6 +92,8 @@ class ShuffleBuffer(BaseNode):
     POS_KEY = "pos"
     SIZE_KEY = "size"
     ORDER_KEY = "order"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), WINDOW_KEY: Int(), POS_KEY: Int(at_most=SIZE_KEY),
+                          SIZE_KEY: Int(min=1), ORDER_KEY: Str()}, optional=(SIZE_KEY, ORDER_KEY))
     ORDER = "argsort"  # how windows are ordered (window_order); states before it had none
 
     def __init__(self, source: BaseNode, *, size: int, seed: int = 0, rank: int = 0):

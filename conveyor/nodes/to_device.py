@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torchdata.nodes import BaseNode
+from conveyor.nodes.state_shape import Child, Fields
 
 log = logging.getLogger(__name__)
 _told = False
@@ -49,6 +50,7 @@ class ToDevice(BaseNode):
     """
 
     SOURCE_KEY = "source"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child()})
 
     def __init__(self, source: BaseNode, *, device: str = "cuda", non_blocking: bool = True):
         super().__init__()

@@ -32,6 +32,7 @@ from conveyor.nodes._skips import sample_id
 from conveyor.nodes._workers.batch_slabs import Slabs
 from conveyor.nodes._workers.parent_watch import watch_parent
 from conveyor.nodes._workers.torchdata_threads import Raised, Untravelled, portable
+from conveyor.nodes.state_shape import Child, Fields, Int
 
 _SEED_MASK = (1 << 63) - 1  # torch.Generator seeds are signed 64-bit
 
@@ -41,6 +42,7 @@ class Enumerate(BaseNode):
 
     SOURCE_KEY = "source"
     POS_KEY = "pos"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), POS_KEY: Int()})
 
     def __init__(self, source: BaseNode):
         super().__init__()

@@ -21,6 +21,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from conveyor.nodes import capabilities as cap
+from conveyor.nodes.state_shape import Same
 
 
 class Untravelled(RuntimeError):
@@ -115,6 +116,8 @@ class Raised:
 class CarryErrors(BaseNode):
     """Pass-through that turns an exception of its input into a ``Raised`` value and then ends;
     its state is its input's state."""
+
+    STATE_SHAPE = Same("source")  # its state is its input's
 
     def __init__(self, source: BaseNode):
         super().__init__()
