@@ -26,6 +26,7 @@ from torchdata.nodes import BaseNode
 from conveyor.errors import SampleError
 from conveyor.nodes._sample_formats import SampleSet, ShardReader, open_set
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
+from conveyor.nodes.state_shape import LEDGER_SHAPE, Child, Fields, Int
 from conveyor.storage import RetryPolicy, Storage, redact
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class ReadSamples(BaseNode[dict]):
 
     SOURCE_KEY = "source"
     SKIPPED_KEY = "skipped"
+    STATE_SHAPE = Fields({SOURCE_KEY: Child(), SKIPPED_KEY: Int(), LEDGER_KEY: LEDGER_SHAPE})
 
     def __init__(self, source: BaseNode, *, on_error: str = "raise", storage_options: dict[str, Any] | None = None,
                  policy: RetryPolicy | None = None, keep: int = 2, allow_pickle: bool = False,
