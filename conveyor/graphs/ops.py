@@ -347,7 +347,7 @@ BATCH = OpSpec("batch", BatchParams, _build_batch, "one", "lists of `size` items
                example='batch: {op: batch, size: 32, drop_last: true}')
 COLLATE = OpSpec("collate", CollateParams, _build_collate, "one", "stack samples (default_collate); elastic",
                  _check_collate, elastic=elastic_through, length=same_count, keeps_count="always", collates=True,
-                 stacks_rows=True, safe_params=frozenset({"as_tuple"}),
+                 stacks_rows=True,
                  items_in='lists of samples (after batch)',
                  items_out='a batch: tensors stacked, dicts and tuples field by field; with as_tuple, a '
                            'tuple of those fields',
