@@ -286,28 +286,81 @@ def random_resized_crop_box(
     return (height - h) // 2, (width - w) // 2, h, w
 
 
+_FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                 "float64": torch.float64}
+
+
+def _float_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, str):
+        if dtype.removeprefix("torch.") not in _FLOAT_DTYPES:
+            raise ValueError(f"dtype={dtype!r} must be one of {', '.join(_FLOAT_DTYPES)}")
+        return _FLOAT_DTYPES[dtype.removeprefix("torch.")]
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype!r} must be a floating torch dtype")
+    return dtype
+
+
+def _mean_std(mean: Sequence[float], std: Sequence[float]) -> None:
+    for name, values in (("mean", mean), ("std", std)):
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            raise ValueError(f"{name}={values!r} must be a list of finite numbers, one per channel")
+    if len(mean) != len(std):
+        raise ValueError(f"mean={list(mean)!r} and std={list(std)!r} must have one value per channel each")
+    if any(v <= 0 for v in std):
+        raise ValueError(f"std={list(std)!r} must be > 0")
+
+
 def normalize(
-    images: torch.Tensor,
+    images: torch.Tensor | Mapping[str, Any],
     mean: Sequence[float] = IMAGENET_MEAN,
     std: Sequence[float] = IMAGENET_STD,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Turn a uint8 batch into normalised floats, on whatever device it is on.
+    dtype: torch.dtype | str = torch.float32,
+    *,
+    key: str | int = "image",
+) -> torch.Tensor | dict[str, Any] | tuple:
+    """Turn uint8 images into normalised floats, on whatever device they are on.
 
-    Call it in the training step, after the batch is on the GPU, not in the loader.
+    Two places to call it:
+
+    - on the GPU (the default, and the fast path): in the training step, after the uint8
+      batch is on the device (``normalize(batch["image"].cuda(non_blocking=True))``). The
+      loader then moves a quarter of the bytes, and the GPU does the arithmetic.
+    - in the graph, for training on the CPU (no GPU to hand it to, or a script that expects
+      float tensors from its loader): as a map after ``collate``, where it runs once per batch
+      on the loader's thread, ``{op: map, fn: conveyor.image:normalize}`` (args ``mean``,
+      ``std``, ``dtype``, ``key``). A record (a dict) comes back as a new dict with its
+      ``key`` field normalised; a tuple batch (``collate``'s ``as_tuple``) as a new tuple
+      with its first item (or item ``key``, an int) normalised.
 
     Args:
-        images: uint8 tensor ``(N, C, H, W)`` or ``(C, H, W)``, values 0..255.
-        mean: per-channel mean in [0, 1] units.
+        images: uint8 tensor ``(N, C, H, W)`` or ``(C, H, W)``, values 0..255; or a dict
+            (a sample or a collated batch) holding one under ``key``; or a tuple batch.
+        mean: per-channel mean in [0, 1] units (ImageNet's by default).
         std: per-channel standard deviation in [0, 1] units.
-        dtype: floating dtype of the result.
+        dtype: floating dtype of the result (a torch dtype, or its name: ``"float32"``).
+        key: the field of a dict that holds the images (for a tuple: its position, default 0).
 
     Returns:
-        ``(images / 255 - mean) / std`` as ``dtype``.
+        ``(images / 255 - mean) / std`` as ``dtype`` (in a dict for a dict).
 
     Example:
-        >>> x = normalize(batch["image"].cuda(non_blocking=True))
+        >>> x = normalize(batch["image"].cuda(non_blocking=True))   # doctest: +SKIP
     """
+    dtype = _float_dtype(dtype)
+    if isinstance(images, Mapping):
+        if key not in images:
+            raise ValueError(f"normalize: the record has no field {key!r} (it has {list(images)}); "
+                             "set the arg key")
+        return {**images, key: normalize(images[key], mean, std, dtype)}
+    if isinstance(images, tuple):
+        at = key if isinstance(key, int) and not isinstance(key, bool) else 0
+        if not -len(images) <= at < len(images):
+            raise ValueError(f"normalize: key={key!r} is no position of a tuple of {len(images)}")
+        at %= len(images)
+        return images[:at] + (normalize(images[at], mean, std, dtype),) + images[at + 1:]
+    if not isinstance(images, torch.Tensor):
+        raise ValueError(f"normalize takes a tensor of images or a dict holding one, got {type(images).__name__}")
     m = torch.tensor(mean, dtype=dtype, device=images.device).mul_(255).view(-1, 1, 1)
     s = torch.tensor(std, dtype=dtype, device=images.device).mul_(255).view(-1, 1, 1)
     return images.to(dtype).sub_(m).div_(s)
@@ -350,9 +403,24 @@ def _decode_rules(args: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [] if mode in ("RGB", "L", "RGBA") else [("mode", f"mode={mode!r} must be one of 'RGB', 'L', 'RGBA'")]
 
 
+def _normalize_rules(args: Mapping[str, Any]) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    message = check_message(lambda: _mean_std(args.get("mean", IMAGENET_MEAN), args.get("std", IMAGENET_STD)))
+    if message:
+        problems.append(("std" if message.startswith("std") else "mean", message))
+    message = check_message(lambda: _float_dtype(args.get("dtype", "float32")))
+    if message:
+        problems.append(("dtype", message))
+    key = args.get("key", "image")
+    if not isinstance(key, (str, int)) or isinstance(key, bool):
+        problems.append(("key", f"key={key!r} must be a field name (or a tuple position)"))
+    return problems
+
+
 decode.check_args = _decode_rules  # type: ignore[attr-defined]
 train_transform.check_args = _train_rules  # type: ignore[attr-defined]
 eval_transform.check_args = _eval_rules  # type: ignore[attr-defined]
+normalize.check_args = _normalize_rules  # type: ignore[attr-defined]
 for _fn in (decode, train_transform, eval_transform):
     _fn.per_sample = True  # type: ignore[attr-defined]  # one image record in, one sample out
     _fn.heavy_output = True  # type: ignore[attr-defined]  # decoded pixels: shuffle before, not after

@@ -211,8 +211,28 @@ class NoParams:
     pass
 
 
-def _build_collate(p: NoParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
-    return Collate(inputs[0], where=ctx.where)
+@dataclass(frozen=True)
+class CollateParams:
+    as_tuple: list[str] | None = param(None, doc="hand each batch on as a tuple of these fields, in this "
+                                                 "order (`[image, label]`: `for images, target in loader`); "
+                                                 "null: the dict")
+
+
+def _check_collate(p: CollateParams, n_inputs: int) -> list[tuple[Any, str]]:
+    if p.as_tuple is None:
+        return []
+    if not p.as_tuple:
+        return [("as_tuple", "as_tuple needs at least one field name (or null for the dict)")]
+    for i, name in enumerate(p.as_tuple):
+        if not isinstance(name, str) or not name:
+            return [(("as_tuple", i), f"as_tuple holds field names, got {name!r}")]
+        if p.as_tuple.index(name) != i:
+            return [(("as_tuple", i), f"field '{name}' is named twice in as_tuple")]
+    return []
+
+
+def _build_collate(p: CollateParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return Collate(inputs[0], where=ctx.where, as_tuple=p.as_tuple)
 
 
 @dataclass(frozen=True)
@@ -329,12 +349,13 @@ BATCH = OpSpec("batch", BatchParams, _build_batch, "one", "lists of `size` items
                items_in='any items',
                items_out='lists of size items (the last may be shorter unless drop_last)',
                example='batch: {op: batch, size: 32, drop_last: true}')
-COLLATE = OpSpec("collate", NoParams, _build_collate, "one", "stack samples (default_collate); elastic",
-                 elastic=elastic_through, length=same_count, keeps_count="always", collates=True,
+COLLATE = OpSpec("collate", CollateParams, _build_collate, "one", "stack samples (default_collate); elastic",
+                 _check_collate, elastic=elastic_through, length=same_count, keeps_count="always", collates=True,
                  stacks_rows=True,
                  items_in='lists of samples (after batch)',
-                 items_out='a batch: tensors stacked, dicts and tuples field by field',
-                 example='collate: {op: collate}')
+                 items_out='a batch: tensors stacked, dicts and tuples field by field; with as_tuple, a '
+                           'tuple of those fields',
+                 example='collate: {op: collate, as_tuple: [image, label]}')
 PIN_MEMORY = OpSpec("pin_memory", PinMemoryParams, _build_pin, "one", "page-locked memory on CUDA; elastic",
                     elastic=elastic_through, length=same_count, keeps_count="always", per_record=True,
                     pass_through=True, safe_params=frozenset({"enabled"}),

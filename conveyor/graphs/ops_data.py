@@ -23,7 +23,7 @@ from conveyor.graphs.fn_check import at_param, bind_problems
 from conveyor.graphs.opspec import listed_count
 from conveyor.graphs.ops import BuildContext
 from conveyor.graphs.registry import OpSpec, param, resolve_attr
-from conveyor.nodes import DatasetSampler, IterableSource, bad_weight
+from conveyor.nodes import DatasetSampler, IterableSource, Synthetic, bad_weight
 
 
 class Sampler(str, enum.Enum):
@@ -156,3 +156,38 @@ ITERABLE = OpSpec("iterable", IterableParams, _build_iterable, "none",
                              "order again (it may shard itself by rank)",
                   items_in='', items_out="the iterable's items, as it yields them",
                   example='stream: {op: iterable, iterable: mypkg.data:make_stream, args: {split: train}}')
+
+
+class SyntheticDtype(str, enum.Enum):
+    uint8 = "uint8"
+    float32 = "float32"
+
+
+@dataclass(frozen=True)
+class SyntheticParams:
+    count: int = param(1000, min=1, doc="records per epoch")
+    shape: list[int] = param(factory=lambda: [3, 224, 224], doc="the image's [C, H, W]")
+    classes: int = param(1000, min=1, doc="labels are 0 .. classes-1")
+    dtype: SyntheticDtype = param(SyntheticDtype.uint8, doc="uint8 (0..255, as decoded) | float32 "
+                                                            "(standard normal, as normalised)")
+    seed: int | None = param(None, doc="pixels and labels derive from it and the index (default: the "
+                                       "graph's seed)")
+
+
+def _check_synthetic(p: SyntheticParams, n_inputs: int) -> list[tuple[Any, str]]:
+    if len(p.shape) != 3 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in p.shape):
+        return [("shape", f"shape={p.shape!r} must be [C, H, W], three ints > 0")]
+    return []
+
+
+def _build_synthetic(p: SyntheticParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
+    return Synthetic(count=p.count, shape=list(p.shape), classes=p.classes, dtype=p.dtype.value,
+                     seed=ctx.seed_for(p.seed))
+
+
+SYNTHETIC = OpSpec("synthetic", SyntheticParams, _build_synthetic, "none",
+                   "made-up image records (FakeData, a script's --dummy): measure the model without data; "
+                   "a global order (elastic above a shard)", _check_synthetic, length=listed_count,
+                   items_in="",
+                   items_out='{image: [C,H,W] uint8 or float32, label, index}, record i the same every time',
+                   example="fake: {op: synthetic, count: 10000, shape: [3, 224, 224], classes: 1000}")

@@ -14,6 +14,9 @@ an environment variable (a whole-string reference is read as a YAML scalar, so
 ``${spec_dir}`` is the folder of the spec file, so a spec can name files next to it whatever
 the current directory. Both work in declared params' defaults too.
 
+A param whose default is ``"???"`` (``REQUIRED``) must be given: left out, it is a spec error
+(``required_problems``). The override may then be of any type.
+
 An override whose key is ``NODE.PARAM`` (``--set decode.workers=4``,
 ``load_graph(path, **{"decode.workers": 4})``) sets that node's param; see ``split_overrides``.
 """
@@ -34,6 +37,9 @@ _NUMBER = re.compile(r"[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?")
 
 ENV_PREFIX = "env:"
 SPEC_DIR = "spec_dir"  # the built-in param: the folder of the spec file
+# a param's default that says it must be given (Hydra's and OmegaConf's marker for a missing
+# value): a SpecError names it unless an override sets it (``conveyor init`` writes it)
+REQUIRED = "???"
 
 
 def _read_scalar(text: str) -> Any:
@@ -67,6 +73,20 @@ def builtin_params(spec_path: str) -> dict[str, Any]:
     if spec_path.startswith("<") or not spec_path:
         return {SPEC_DIR: os.getcwd()}
     return {SPEC_DIR: os.path.dirname(os.path.abspath(spec_path))}
+
+
+def required_problems(params: Mapping[str, Any], reasons: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """(param, message) for each param still ``REQUIRED`` after the overrides, with the reason
+    given for it (``reasons``) or how to pass it.
+
+    Example:
+        >>> required_problems({"root": "???", "batch_size": 8})
+        [('root', 'required, and not given: pass root=... (load_graph(spec, root=...), --set root=...)')]
+    """
+    reasons = reasons or {}
+    return [(k, "required, and not given: " + reasons.get(
+                k, f"pass {k}=... (load_graph(spec, {k}=...), --set {k}=...)"))
+            for k, v in params.items() if isinstance(v, str) and v == REQUIRED]
 
 
 def parse_set(pairs: Iterable[str], declared: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -124,7 +144,7 @@ def _article(name: str) -> str:
 
 
 def _fits(default: Any, value: Any) -> bool:
-    if default is None or value is None:
+    if default is None or value is None or (isinstance(default, str) and default == REQUIRED):
         return True
     if isinstance(default, bool) or isinstance(value, bool):
         return isinstance(default, bool) and isinstance(value, bool)

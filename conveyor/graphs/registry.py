@@ -51,6 +51,7 @@ _BUILTIN: dict[str, str] = {
     "read_tar": "conveyor.graphs.ops_storage:READ_TAR",
     "shard": "conveyor.graphs.ops:SHARD",
     "shuffle_buffer": "conveyor.graphs.ops:SHUFFLE_BUFFER",
+    "synthetic": "conveyor.graphs.ops_data:SYNTHETIC",
     "to_device": "conveyor.graphs.ops:TO_DEVICE",
 }
 _EXTRA: dict[str, OpSpec] = {}

@@ -25,7 +25,7 @@ from conveyor.graphs.graph_rules import find_cycle, graph_rules
 from conveyor.graphs.node_checks import (SECRET_PARAMS, Errors, check_params, env_unset_message,
                                          inputs_of, mentioned, op_of)
 from conveyor.graphs.params import (SPEC_DIR, apply_overrides, builtin_params, did_you_mean, interpolate,
-                                    redact_texts, referenced, secret_texts, split_overrides)
+                                    redact_texts, referenced, required_problems, secret_texts, split_overrides)
 from conveyor.graphs.registry import OpSpec, op_names
 from conveyor.graphs.yaml_loader import Located
 
@@ -125,6 +125,11 @@ def _validate(doc: Located, overrides: Mapping[str, Any] | None, secret: set[str
     params, override_errors = apply_overrides(declared, param_overrides, where=(doc.path, line, col),
                                               secret=secret)
     errs.items.extend(override_errors)
+    required = required_problems(params, getattr(doc, "required", None))
+    for key, message in required:
+        errs.add(message, ("params", key), param=key)
+    if required:  # a missing param would only come back as errors in every node naming it
+        raise SpecErrors(errs.items)
     builtins = builtin_params(doc.path)
     params = _resolve_params(params, builtins, errs)
     scope = {**builtins, **params}  # what ${...} in node params may name

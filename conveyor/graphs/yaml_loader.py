@@ -40,6 +40,9 @@ class Located:
     path: str
     values: dict[Path, tuple[int, int]] = field(default_factory=dict)
     keys: dict[Path, tuple[int, int]] = field(default_factory=dict)
+    # params that must be given, with why (a bundled spec read by name whose sample data is not
+    # beside it: conveyor/graphs/bundled.py)
+    required: dict[str, str] = field(default_factory=dict)
 
     def where(self, at: Path, *, key: bool = False) -> tuple[int, int]:
         """Position of the value (or the key) at ``at``; falls back to the nearest parent."""

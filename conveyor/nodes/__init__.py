@@ -33,6 +33,7 @@ from conveyor.nodes.copies import WorkerCopies
 from conveyor.nodes.dataset import DatasetSampler, bad_weight
 from conveyor.nodes.fetch import Fetch
 from conveyor.nodes.filter import Filter
+from conveyor.nodes.synthetic import Synthetic
 from conveyor.nodes.iterable import IterableSource
 from conveyor.nodes.list_files import ListFiles, below, number_classes, suffixes, with_suffix
 from conveyor.nodes.list_lmdb import ListLmdb
@@ -85,6 +86,7 @@ __all__ = [
     "Shard",
     "ShuffleBuffer",
     "SkipLedger",
+    "Synthetic",
     "ToDevice",
     "WorkerCopies",
     "bad_weight",

@@ -17,6 +17,10 @@ batch and all its views go. A new 4.8 MB batch of images (imagenet.yaml, batch 3
 ~1,200 page faults of fresh memory, ~45 us per image of the loader's own thread, as much as
 the copy itself. ``default_collate`` (the function) keeps nothing.
 
+``as_tuple=["image", "label"]`` hands each batch on as ``(images, labels)``, the shape a classic
+training script unpacks (``for images, target in loader``); the other fields (``index``) are
+left out of it. The state is the same either way.
+
 A batch whose samples a threaded map wrote into consecutive rows of one slab
 (``_workers/batch_slabs.py``: ``map → batch → collate`` in a spec) is those rows, handed out
 without a copy.
@@ -164,6 +168,11 @@ def check_fields(samples: Sequence[Mapping]) -> None:
 class Collate(BaseNode):
     """Apply ``default_collate`` to each list the input yields.
 
+    Args:
+        source: yields lists of samples (a ``Batcher``).
+        where: names the node in messages.
+        as_tuple: hand each batch on as the tuple of these fields of the dict batch, in order.
+
     Example:
         >>> from torchdata.nodes import IterableWrapper
         >>> next(Collate(IterableWrapper([[{"x": 1}, {"x": 2}]])))["x"].tolist()
@@ -173,10 +182,14 @@ class Collate(BaseNode):
     SOURCE_KEY = "source"
     STATE_SHAPE = Fields({SOURCE_KEY: Child()})
 
-    def __init__(self, source: BaseNode, *, where: str | None = None):
+    def __init__(self, source: BaseNode, *, where: str | None = None, as_tuple: Sequence[str] | None = None):
         super().__init__()
+        if as_tuple is not None and (isinstance(as_tuple, str) or not as_tuple
+                                     or not all(isinstance(k, str) for k in as_tuple)):
+            raise ValueError(f"{as_tuple=} must be a non-empty list of field names, or None")
         self.source = source
         self.where = where or "collate"
+        self.as_tuple = None if as_tuple is None else tuple(as_tuple)
         self._map = {**_COLLATE_MAP, torch.Tensor: functools.partial(_stack_tensors, buffers=Buffers())}
 
     def reset(self, initial_state: dict | None = None) -> None:
@@ -189,7 +202,7 @@ class Collate(BaseNode):
         try:
             if dicts:
                 check_fields(batch)
-            return collate(batch, collate_fn_map=self._map)
+            out = collate(batch, collate_fn_map=self._map)
         except KeyError as exc:  # same number of fields, one of them another: say which sample
             if dicts:
                 same_fields(batch)
@@ -204,6 +217,18 @@ class Collate(BaseNode):
                 exc.add_note(f"in {self.where}: samples of one batch must have the same shapes and "
                              "fields (use pad_collate for variable lengths)")
             raise
+        return out if self.as_tuple is None else self._tuple(out)
+
+    def _tuple(self, out: Any) -> tuple:
+        """The batch's ``as_tuple`` fields, in that order (``for images, target in loader``)."""
+        if not isinstance(out, Mapping):
+            raise ValueError(f"in {self.where}: as_tuple={list(self.as_tuple)} takes fields of dict samples; "
+                             f"the batch is a {type(out).__name__}")
+        missing = [k for k in self.as_tuple if k not in out]
+        if missing:
+            raise ValueError(f"in {self.where}: as_tuple names fields {missing} that the samples do not have; "
+                             f"they have {list(out)}")
+        return tuple(out[k] for k in self.as_tuple)
 
     def get_state(self) -> dict:
         return {self.SOURCE_KEY: self.source.state_dict()}

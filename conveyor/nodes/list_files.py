@@ -31,6 +31,7 @@ from conveyor.nodes.state_shape import Fields, Int, Str
 log = logging.getLogger(__name__)
 
 LABEL_CHOICES = (None, "parent_dir", "top_dir")
+SPLIT_NAMES = frozenset({"train", "val", "valid", "validation", "test", "eval"})  # not class names
 
 
 def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[str]]:
@@ -269,6 +270,12 @@ class ListFiles(BaseNode[dict]):
         records = [{"path": p, "label": classes[names[i]] if names else -1, "index": i}
                    for i, p in enumerate(paths)]
         self.classes = sorted(classes, key=classes.__getitem__)
+        splits = sorted(c for c in classes if c.lower() in SPLIT_NAMES)
+        if splits:  # root/train/<class>/x.jpg listed as root/*/**: the splits became the classes
+            log.warning("%s: the classes found under %r include %s, which look like split names, not "
+                        "classes: the root is probably one level too high (point it at %s)",
+                        self.where or "list_files", root, ", ".join(repr(c) for c in splits),
+                        f"{root.rstrip('/')}/{splits[0]}")
         log.debug("list_files: %d files, %d classes", len(paths), len(classes))
         return paths, records
 

@@ -9,6 +9,8 @@
     conveyor check SPEC [--set k=v ...] [--out skipped.jsonl]
     conveyor pack SRC DST [--shard-size 256MB]          (conveyor/pack/)
     conveyor ops [OP]
+    conveyor specs                      (the bundled specs; SPEC may be one's name: imagenet)
+    conveyor init NAME [DST] [--force]  (an editable copy of one, its data root required)
 
 ``validate`` prints every problem as ``file:line:col: node 'x' (op): message`` and exits 1,
 or prints ``ok`` and the nodes and exits 0. Spec errors exit 1 from every command; bad
@@ -20,7 +22,8 @@ throughput curve, or says the noise hides it (``--plot`` draws the curve as SVG)
 makes one); ``--set`` wins over it.
 
 Each subcommand is added by its own module: ``run``, ``show`` (validate, show),
-``bench_commands`` (bench, tune), ``check``, ``reference`` (ops) and ``conveyor.pack``.
+``bench_commands`` (bench, tune), ``check``, ``reference`` (ops), ``bundled_specs`` (specs,
+init) and ``conveyor.pack``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any, Sequence
 
 from conveyor.errors import ConveyorError, SpecErrors
 from conveyor.pack import add_parser as add_pack_parser
-from conveyor.tools import bench_commands, check, reference, run, show
+from conveyor.tools import bench_commands, bundled_specs, check, reference, run, show
 from conveyor.tools._args import INTERRUPTED, UsageError
 from conveyor.tools.measure import batch_len
 
@@ -51,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_parsers(sub)  # validate, show
     reference.add_parser(sub)  # conveyor ops [OP]: the reference, from the op registry
     add_pack_parser(sub)  # conveyor pack SRC DST (conveyor/pack/)
+    bundled_specs.add_parsers(sub)  # conveyor specs, conveyor init NAME [DST]
     return parser
 
 
@@ -87,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecErrors as exc:
         for err in exc.errors:
             print(err, file=sys.stderr)
-        print(f"{len(exc.errors)} error(s) in {args.spec}", file=sys.stderr)
+        print(f"{len(exc.errors)} error(s) in {getattr(args, 'spec', None) or getattr(args, 'name', '?')}",
+              file=sys.stderr)
         return 1
     except FileNotFoundError as exc:  # the spec file, or a SourceError (no file matches ...)
         print(f"conveyor: {exc}", file=sys.stderr)
