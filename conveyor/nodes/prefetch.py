@@ -38,6 +38,7 @@ _END = object()     # the input ended
 _STOP = object()    # a credit that tells the thread to stop
 _LOOK = 0.02        # seconds a waiting consumer sleeps before it takes what the thread holds
 _POLL = 0.5         # seconds between checks that the thread is still alive
+STOP_WAIT = 0.5     # seconds close() waits for a thread busy in its input before leaving it lingering
 
 
 def _group(depth: int) -> int:
@@ -149,7 +150,7 @@ class Prefetch(BaseNode):
         if thread is not None:
             self._thread = None
             self._credits.put(_STOP)
-            thread.join(timeout=0.5)
+            thread.join(timeout=STOP_WAIT)
             if thread.is_alive():  # busy in its input's next(): it stops after that item
                 self._lingering.append(thread)
 
@@ -168,9 +169,19 @@ class Prefetch(BaseNode):
         return (min(self.depth, self._items.qsize() * group) + len(self._held.items)
                 + len(self._got) - self._at)
 
+    def _left_input(self) -> None:
+        """Wait until no thread of this node is inside its input's ``next()``: one asked to
+        stop finishes the item it is making first, and resetting the input under it had two
+        threads in one tar shard (a restore right after ``iter()``: reads of a closed file,
+        headers read at another thread's offset, samples of the old position)."""
+        self.close()
+        for thread in self._lingering:
+            thread.join()
+        self._lingering = []
+
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        self.close()
+        self._left_input()
         if initial_state is None:
             self.source.reset()
             self._snapshot, self._steps = self.source.state_dict(), 0

@@ -176,6 +176,9 @@ class ProcessEngine:
 
     def start(self, state: dict | None) -> None:
         self._stop()  # before the input is touched: its threads read it
+        for thread in self._lingering:  # a reader still inside the input's next() leaves after that
+            thread.join()               # item: resetting the input under it had two threads in it
+        self._lingering = []
         pm_state = None
         if state is not None:
             src = state[SOURCE_KEY]
