@@ -55,3 +55,9 @@ def test_an_empty_or_root_only_url_is_a_spec_error(url):
 @pytest.mark.parametrize("url", ["*.txt", "**", "x/*.txt", "/data/*.txt", "s3://b", "s3://b/*", "file:///tmp/x/*"])
 def test_a_url_below_the_root_is_not_root_only(url):
     assert not root_only(url)
+
+
+@pytest.mark.parametrize("key, value, param", [("workers", 2 ** 31, "workers"), ("out.depth", 99999999999, "depth")])
+def test_huge_workers_and_prefetch_depth_are_spec_errors_naming_the_limit(key, value, param):
+    (err,) = _errors(str(REPO / "specs/numbers.yaml"), {key: value})
+    assert err.param == param and "expected at most" in err.message

@@ -251,7 +251,7 @@ def _build_pin(p: PinMemoryParams, inputs: list[BaseNode], ctx: BuildContext) ->
 
 @dataclass(frozen=True)
 class PrefetchParams:
-    depth: int = param(2, min=1, doc="items made ahead")
+    depth: int = param(2, min=1, max=100_000, doc="items made ahead")
     snapshot_every: int = param(1, min=1, doc="input state taken every N items (restore re-reads <= N)")
 
 
