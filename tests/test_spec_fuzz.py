@@ -110,3 +110,36 @@ def test_a_mutated_spec_is_a_plan_or_spec_errors_quickly(text):
 def test_the_bundled_specs_pass_unmutated():
     for name, text in SPECS.items():
         assert isinstance(check(text), Plan), name
+
+
+SET_VALUES = ["&a [*a]", "&a [{k: *a}]", "[" * 300 + "]" * 300, ".inf", "-.inf", ".nan", "1e999",
+              str(2 ** 63), "", "~", "[]", "{}", "a: b"]
+ROOT_URLS = ["", " ", "/", "file:///", "s3://", "s3://*", "/*/**", "memory://"]
+
+
+@settings(max_examples=min(EXAMPLES, 40), deadline=None, derandomize="CONVEYOR_FUZZ_RANDOM" not in os.environ,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(SPECS)), st.sampled_from(SET_VALUES), st.sampled_from(ROOT_URLS), st.booleans())
+def test_set_aliases_infinities_and_root_urls_are_spec_errors(name, value, url, with_url):
+    """The mutation kinds of issue 32: ``--set`` aliases and infinities on every declared param,
+    and empty or root-only listing URLs: a Plan or SpecErrors, never another exception."""
+    from conveyor.graphs.params import parse_set
+
+    text = SPECS[name].replace("${spec_dir}", str(REPO / "specs"))
+    data = yaml.safe_load(text)
+    if with_url:
+        for spec in data["nodes"].values():
+            if isinstance(spec, dict) and "url" in spec:
+                spec["url"] = url
+    declared = list(data.get("params") or {})
+    for key in declared:
+        try:
+            overrides = parse_set([f"{key}={value}"], data.get("params"))
+        except ValueError as exc:
+            assert "deeper than" in str(exc)
+            continue
+        outcome = (lambda: validate(load_yaml(yaml.safe_dump(data), "fuzz.yaml"), overrides))
+        try:
+            outcome()
+        except SpecErrors as exc:
+            assert all(e.message for e in exc.errors)

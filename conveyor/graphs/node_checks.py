@@ -97,6 +97,12 @@ def check_params(op: OpSpec, name: str, body: dict[str, Any], params: Mapping[st
             errs.add(f"expected {what}, got {typed!r}", at_node + (key,), node=name, op=op.name, param=key)
             ok = False
             continue
+        high = fields[key].metadata.get("max")
+        if high is not None and typed is not None and isinstance(typed, (int, float)) and typed > high:
+            errs.add(f"expected at most {high}, got {typed!r} (a bound checked with the spec: more would "
+                     f"hang or exhaust memory at run time)", at_node + (key,), node=name, op=op.name, param=key)
+            ok = False
+            continue
         if hints[key] is Fn:
             try:
                 resolve_fn(typed)

@@ -87,7 +87,32 @@ class ListFilesParams:
     storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
 
 
+_GLOB_CHARS = "*?["
+
+
+def root_only(url: str) -> bool:
+    """Whether a listing of ``url`` would start at the root of its filesystem or store: empty
+    text, or an absolute path or a ``protocol://`` URL whose folders before the first glob
+    character name nothing (``/``, ``/*/**``, ``/d*/x``, ``file:///``, ``s3://``, ``s3://*``, ``memory://``).
+    A relative glob (``*.txt``) starts at the current folder and is not root-only."""
+    text = url.strip()
+    if not text:
+        return True
+    protocol, sep, rest = text.partition("://")
+    if not sep:
+        if not text.startswith("/"):
+            return False
+        rest = text
+    cut = min((rest.find(c) for c in _GLOB_CHARS if c in rest), default=len(rest))
+    fixed = rest[:cut].rpartition("/")[0] if cut < len(rest) else rest
+    return not fixed.strip("/").strip()
+
+
 def _check_list_files(p: ListFilesParams, n_inputs: int) -> list[tuple[str, str]]:
+    if root_only(p.url):
+        return [("url", f"expected a folder or glob below the root of a filesystem or bucket, got "
+                        f"{p.url!r}: an empty or root-only URL ('', '/', '/*/**', 'file:///', 's3://', "
+                        f"'s3://*') would list everything the store holds")]
     if p.extensions is None:
         return []
     try:
@@ -246,7 +271,7 @@ def _build_pin(p: PinMemoryParams, inputs: list[BaseNode], ctx: BuildContext) ->
 
 @dataclass(frozen=True)
 class PrefetchParams:
-    depth: int = param(2, min=1, doc="items made ahead")
+    depth: int = param(2, min=1, max=100_000, doc="items made ahead")
     snapshot_every: int = param(1, min=1, doc="input state taken every N items (restore re-reads <= N)")
 
 

@@ -29,7 +29,7 @@ class MapParams:
                        "with init, then called per item")
     args: dict = param(factory=dict, doc="keyword arguments for each call, checked against fn's signature")
     init: dict | None = param(None, doc="when fn is a class: keyword arguments for its constructor")
-    workers: int = param(0, min=0, doc="0 = inline")
+    workers: int = param(0, min=0, max=1024, doc="0 = inline")
     method: Method = param(Method.thread,
                            doc="thread (Pillow and torch release the GIL) | process (pure-Python fns)")
     on_error: OnError = param(OnError.raise_,

@@ -203,10 +203,11 @@ class OpSpec:
         return self.keeps_count == "always"
 
 
-def param(default: Any = dataclasses.MISSING, *, min: float | None = None, doc: str = "",
-          factory: Callable[[], Any] | None = None) -> Any:
-    """A dataclass field with validation metadata (``min``) and a doc line."""
-    meta = {"min": min, "doc": doc}
+def param(default: Any = dataclasses.MISSING, *, min: float | None = None, max: float | None = None,
+          doc: str = "", factory: Callable[[], Any] | None = None) -> Any:
+    """A dataclass field with validation metadata (``min``, ``max``: a bound checked with the
+    spec, so that a huge value is a spec error naming the limit, not a hang at run time) and a doc line."""
+    meta = {"min": min, "max": max, "doc": doc}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from conveyor.errors import SpecError, did_you_mean
+from conveyor.graphs.yaml_loader import MAX_DEPTH, MAX_VALUES
 
 _REF = re.compile(r"\$\{([^{}]*)\}")  # innermost first: ${env:A,${spec_dir}/x} nests
 _NUMBER = re.compile(r"[-+]?(\d[\d_]*\.?[\d_]*|\.\d[\d_]*)([eE][-+]?\d+)?")
@@ -118,6 +119,8 @@ def parse_set(pairs: Iterable[str], declared: Mapping[str, Any] | None = None) -
             value = yaml.safe_load(text) if text else ""
         except yaml.YAMLError:
             value = text
+        except RecursionError:  # PyYAML composes by recursion: [[[[... hundreds deep
+            raise ValueError(f"--set {key}: the value nests deeper than {MAX_DEPTH} levels") from None
         if isinstance(value, str) and value == text and _NUMBER.fullmatch(text):
             try:
                 value = float(text)  # YAML 1.1 reads 1e-3 (no dot) as a string
@@ -211,6 +214,10 @@ def apply_overrides(
     merged = dict(declared)
     errors: list[SpecError] = []
     for key, value in overrides.items():
+        shape = _shape_problem(value)
+        if shape:
+            errors.append(SpecError(f"override {shape}", path, line, col, param=key))
+            continue
         if key not in declared:
             errors.append(SpecError(
                 "unknown override: the spec declares no such param" + did_you_mean(key, declared)
@@ -225,6 +232,30 @@ def apply_overrides(
             continue
         merged[key] = float(value) if isinstance(declared[key], float) else value
     return merged, errors
+
+
+def _shape_problem(value: Any) -> str | None:
+    """What makes an override's value unbounded, if anything: a list or mapping inside itself
+    (``--set 'weights=&a [*a]'``), nesting deeper than ``MAX_DEPTH``, or more than ``MAX_VALUES``
+    values with aliases expanded (the bounds a spec file has). Walked without recursion and
+    stopped at the bound, so any value is judged quickly."""
+    stack: list[tuple[Any, int, tuple[int, ...]]] = [(value, 1, ())]
+    seen = 0
+    while stack:
+        item, depth, inside = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            return f"expands to more than {MAX_VALUES} values (aliases followed); a param is a small value"
+        if not isinstance(item, (list, tuple, dict)):
+            continue
+        if id(item) in inside:
+            return ("is a list or mapping that contains itself (a recursive YAML alias such as "
+                    "'&a [*a]'): it never ends")
+        if depth > MAX_DEPTH:
+            return f"nests deeper than {MAX_DEPTH} levels"
+        kids = item.values() if isinstance(item, dict) else item
+        stack.extend((kid, depth + 1, inside + (id(item),)) for kid in kids)
+    return None
 
 
 def interpolate(value: Any, params: Mapping[str, Any], *, partial: bool = False) -> Any:

@@ -9,6 +9,8 @@ CPU values are copied with numpy, numpy arrays of one dtype in two calls for the
 
 from __future__ import annotations
 
+import math
+
 from functools import reduce
 from typing import Any, Mapping, Sequence
 
@@ -32,7 +34,7 @@ def check_dtype(dtype: str | None, pad_value: float | Mapping[Any, float]) -> to
         info = torch.iinfo(dt)
         values = pad_value.values() if isinstance(pad_value, Mapping) else [pad_value]
         for v in values:
-            if isinstance(v, bool) or v != int(v) or not info.min <= v <= info.max:
+            if isinstance(v, bool) or not math.isfinite(v) or v != int(v) or not info.min <= v <= info.max:
                 raise ValueError(f"pad value {v!r} does not fit dtype={dtype!r}")
     return dt
 
