@@ -18,6 +18,8 @@ TEXT = ROOT / "tests/elastic_text.yaml"
 
 
 def _ids(batch) -> list[int]:
+    if isinstance(batch, list):  # records not collated (read_samples' fields of every kind)
+        return [int(r["index"]) for r in batch]
     return [int(i) for i in batch["index"]]
 
 
@@ -81,6 +83,50 @@ def test_numbers_resume_on_another_world_size(monkeypatch, old: int, new: int, s
     taken, states = _interrupt(monkeypatch, NUMBERS, old, steps, batch_size=4)
     rest, _ = _resume(monkeypatch, NUMBERS, new, states, batch_size=4)
     _exactly_once(40, taken, rest, repeats=(-40) % old)
+
+
+FORMATS = ROOT / "tests/fixtures/formats"
+
+
+@pytest.mark.parametrize("source", [
+    "{op: list_mds, url: '%s/mds/plain'}" % FORMATS,
+    "{op: list_litdata, url: '%s/litdata/plain'}" % FORMATS,
+])
+@pytest.mark.parametrize("old,new", [(2, 3), (3, 2)])
+def test_mds_and_litdata_resume_on_another_world_size(monkeypatch, tmp_path: Path, source: str, old: int,
+                                                      new: int) -> None:
+    # 12 samples in each fixture: a listing from index.json, dealt by shard, read by read_samples
+    spec = tmp_path / "formats.yaml"
+    spec.write_text(f"""nodes:
+  samples: {source}
+  shard: {{op: shard, by: [rank, worker]}}
+  read: {{op: read_samples, allow_pickle: true}}
+  batch: {{op: batch, size: 2}}
+output: batch
+""")
+    everything = _all_ids(monkeypatch, spec)  # the datasets' own index column: unique, with gaps
+    assert len(set(everything)) == 12
+    ids = {i: k for k, i in enumerate(everything)}
+    taken, states = _interrupt(monkeypatch, spec, old, 1)
+    rest, _ = _resume(monkeypatch, spec, new, states)
+    _exactly_once(12, [ids[i] for i in taken], [[ids[i] for i in r] for r in rest])
+
+
+@pytest.mark.parametrize("old,new,steps", [(2, 3, 2), (3, 2, 1)])
+def test_synthetic_records_resume_on_another_world_size(monkeypatch, tmp_path: Path, old: int, new: int,
+                                                        steps: int) -> None:
+    spec = tmp_path / "synthetic.yaml"
+    spec.write_text("""nodes:
+  fake: {op: synthetic, count: 24, shape: [3, 4, 4], classes: 5}
+  shard: {op: shard, by: [rank, worker]}
+  batch: {op: batch, size: 2}
+  collate: {op: collate}
+output: collate
+""")
+    assert _all_ids(monkeypatch, spec) == list(range(24))
+    taken, states = _interrupt(monkeypatch, spec, old, steps)
+    rest, _ = _resume(monkeypatch, spec, new, states)
+    _exactly_once(24, taken, rest)
 
 
 @pytest.fixture
