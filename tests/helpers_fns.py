@@ -147,3 +147,13 @@ def slow(item, *, seconds: float = 1.0):
 
     time.sleep(seconds)
     return item
+
+
+def fail_on_seven(item):
+    """``conveyor.files:read_numbers``, raising ``ValueError`` for the sample of index 7."""
+    from conveyor.files import read_numbers
+
+    out = read_numbers(item)
+    if int(out["index"]) == 7:
+        raise ValueError("sample 7 is bad")
+    return out

@@ -49,13 +49,14 @@ class Cluster:
 
 def start_cluster(timeout: float = 90.0) -> Cluster:
     """A head and a second node; returns once both are up."""
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0")
+    here = os.path.dirname(os.path.abspath(__file__))  # the actors import conveyor and the tests' fns
+    path = os.pathsep.join([os.path.dirname(here), here] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=path)
     temp = tempfile.mkdtemp(prefix="cr", dir="/tmp")  # short: Ray's socket paths have a limit
     port = free_port()
     cluster = Cluster(f"127.0.0.1:{port}", temp)
     log = open(os.path.join(temp, "head.log"), "w")
-    head = ["ray", "start", "--head", f"--port={port}", "--include-dashboard=false",
-            f"--ray-client-server-port={free_port()}"] + _node_args(temp)
+    head = ["ray", "start", "--head", f"--port={port}", "--include-dashboard=false"] + _node_args(temp)
     cluster.procs.append(subprocess.Popen(head, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))
     try:
