@@ -193,3 +193,13 @@ def two_arg_error_at_index_three(record):
     if record["index"] == 3:
         raise TwoArgError("no", 3)
     return record
+
+
+def fail_on_seven(item):
+    """``conveyor.files:read_numbers``, raising ``ValueError`` for the sample of index 7."""
+    from conveyor.files import read_numbers
+
+    out = read_numbers(item)
+    if int(out["index"]) == 7:
+        raise ValueError("sample 7 is bad")
+    return out

@@ -165,7 +165,8 @@ def compile_plan(plan: Plan) -> Compiled:
         copied = topological(plan, copies.until)
         factory = CopyFactory(plan, copied, copies.until, rank, world, copies.count)
         merge = WorkerCopies(factory, copies=copies.count, method=copies.method,
-                             mp_context=copies.mp_context, where=f"worker copies up to node '{copies.until}'")
+                             mp_context=copies.mp_context, where=f"worker copies up to node '{copies.until}'",
+                             address=getattr(copies, "address", None))
         built[copies.until] = Counted(merge, copies.until)
     main = [n for n in order if n not in copied]
     _build(plan, main, rank, world, 0, 1, built)

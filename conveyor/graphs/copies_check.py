@@ -2,6 +2,7 @@
 
     workers: 2                                   # shorthand: 2 processes, default `until`
     workers: {copies: 2, method: process, until: tokenize, mp_context: spawn}
+    workers: {copies: 4, method: ray, address: "10.0.0.1:6379"}   # Ray actors (RAY_ADDRESS by default)
 
 ``until`` is the last node run inside the copies; the default is the node just before the
 first batching op (``OpSpec.batches``: ``batch``, ``bucket_batch``) on the way to the output,
@@ -9,11 +10,12 @@ so that per-item work is copied and batches are cut from the merged stream (then
 copied part maps items one to one, the batches are those of ``workers: 1``). Every source in
 the copied part must be followed by a ``shard`` with ``by: [..., worker]`` (an op whose
 ``OpSpec.deal`` deals by worker), or every copy would yield every item; with
-``method: process`` every ``fn`` in it must pickle.
+``method: process`` every ``fn`` in it must pickle; ``method: ray`` needs Ray installed.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import pickle
 from dataclasses import dataclass
@@ -22,8 +24,8 @@ from typing import Any
 from conveyor.graphs.params import did_you_mean, interpolate
 from conveyor.graphs.registry import resolve_fn
 
-METHODS = ("process", "thread")
-KEYS = ("copies", "method", "until", "mp_context")
+METHODS = ("process", "thread", "ray")
+KEYS = ("copies", "method", "until", "mp_context", "address")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class CopiesPlan:
     method: str
     until: str
     mp_context: str | None
+    address: str | None = None
 
 
 def start_methods() -> list[str]:
@@ -92,6 +95,15 @@ def check_copies(raw: Any, nodes: dict, graph: dict[str, list[str]], output: str
         errs.add(f"workers: method must be one of {'|'.join(METHODS)}, got {method!r}", at + ("method",),
                  param="workers")
         ok = False
+    address = spec.get("address")
+    if address is not None and (method != "ray" or not isinstance(address, str) or not address):
+        errs.add(f"workers: address names the Ray cluster of method: ray, got {address!r} with method: "
+                 f"{method}", at + ("address",), param="workers")
+        ok = False
+    if method == "ray" and importlib.util.find_spec("ray") is None:
+        errs.add("workers: method: ray needs Ray, which is not installed: pip install 'conveyor[ray]' "
+                 "(keeps torch as it is)", at + ("method",), param="workers")
+        ok = False
     until = spec.get("until") or _default_until(nodes, output)
     if isinstance(until, str) and until in names and until not in nodes:
         return None  # a broken node, reported already
@@ -101,7 +113,7 @@ def check_copies(raw: Any, nodes: dict, graph: dict[str, list[str]], output: str
         return None
     if not ok:
         return None
-    plan = CopiesPlan(count, method, until, spec.get("mp_context"))
+    plan = CopiesPlan(count, method, until, spec.get("mp_context"), address)
     if count == 1:
         return plan
     copied = _closure(until, graph)

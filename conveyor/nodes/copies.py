@@ -51,7 +51,7 @@ from conveyor.nodes.state_shape import Bool, Fields, Int, ListOf, Null, Plain
 
 log = logging.getLogger(__name__)
 
-METHODS = ("process", "thread")
+METHODS = ("process", "thread", "ray")
 CLOSE_WAIT = 10.0  # seconds close() gives workers to leave on their own (a stopped one: none)
 
 
@@ -62,7 +62,7 @@ class WorkerCopies(BaseNode):
         factory: ``factory(w) -> (root, nodes)`` builds copy ``w``; ``nodes`` maps names to the
             copy's nodes (for epochs and stats). Picklable for ``method="process"``.
         copies: N >= 1.
-        method: ``"process"`` or ``"thread"``.
+        method: ``"process"``, ``"thread"`` or ``"ray"`` (Ray actors, ``_workers/ray_actors``).
         mp_context: start method for processes (default ``spawn``).
         depth: chunks each worker may have ready ahead of the merge (a chunk ends at
             ``chunk`` items, 4 MiB of tensors or ``max_wait`` seconds, whichever comes first).
@@ -78,6 +78,8 @@ class WorkerCopies(BaseNode):
         max_wait: seconds a worker gathers a chunk before sending what it has.
         start_timeout: seconds to wait for a worker to build its copy and start an epoch.
         where: the copied part in words, for errors (``the worker copies up to node 'parse'``).
+        address: with ``method="ray"``, the Ray cluster to run the copies on (default
+            ``RAY_ADDRESS``, else a local one started here).
 
     Example:
         >>> # see conveyor/graphs/compile.py, which builds the factory from a spec
@@ -94,7 +96,7 @@ class WorkerCopies(BaseNode):
                  method: str = "process", mp_context: str | None = "spawn", depth: int = 8,
                  pipe_bytes: int = 1 << 18, run_ahead: bool = True,
                  chunk: int = 256, max_wait: float = 0.05, start_timeout: float = 300.0,
-                 where: str = "worker copies"):
+                 where: str = "worker copies", address: str | None = None):
         super().__init__()
         self.where = where
         if not isinstance(copies, int) or copies < 1:
@@ -113,6 +115,7 @@ class WorkerCopies(BaseNode):
         self.chunk = chunk
         self.max_wait = max_wait
         self.start_timeout = start_timeout
+        self.address = address
         self.epoch = 0
         self._workers: list[Any] = []
         self._credits: list[Any] = []
@@ -138,6 +141,16 @@ class WorkerCopies(BaseNode):
     # ----- workers ------------------------------------------------------------------------
     def _launch(self) -> None:
         t0 = time.perf_counter()
+        if self.method == "ray":  # actors stand for the workers, their queues and their credits
+            from conveyor.nodes._workers.ray_actors import launch
+
+            actors = launch(self.factory, self.copies, address=self.address, depth=self.depth,
+                            chunk=self.chunk, max_wait=self.max_wait, run_ahead=self.run_ahead)
+            self._stop = threading.Event()
+            self._workers, self._cmd, self._out = list(actors), list(actors), list(actors)
+            self._credits, self._borrowers = [None] * self.copies, [None] * self.copies
+            self._t_launch = t0
+            return
         if self.method == "process":
             ctx = mp.get_context(self.mp_context)
             self._stop = ctx.Event()
@@ -397,9 +410,14 @@ class WorkerCopies(BaseNode):
         return total
 
     def stats(self) -> dict:
-        return {"copies": self.copies, "method": self.method,
-                "startup_seconds": round(self.startup_seconds or 0.0, 3),
-                "epochs_run_ahead": self.epochs_run_ahead}
+        out = {"copies": self.copies, "method": self.method,
+               "startup_seconds": round(self.startup_seconds or 0.0, 3),
+               "epochs_run_ahead": self.epochs_run_ahead}
+        if self.method == "ray" and self._workers:
+            out["object_store_bytes"] = sum(a.bytes_received for a in self._workers)
+            out["object_store_chunks"] = sum(a.chunks_received for a in self._workers)
+            out["actor_restarts"] = sum(a.restarts for a in self._workers)
+        return out
 
     def close(self) -> None:
         if not self._workers:

@@ -1,0 +1,265 @@
+"""Worker copies as Ray actors: the engine behind ``workers: {copies: N, method: ray}``.
+
+Each copy is one actor that builds its copy with ``factory(w)`` and runs the same serving loop
+as a worker process (``copy_worker._serve``) in a thread of its own, into a one-message queue.
+The main process pulls that stream: ``RayCopy`` keeps ``depth`` calls of the actor's
+``next_message`` in flight (the credits of process copies: a call is a chunk the actor may have
+ready ahead of the merge), and hands each message to ``WorkerCopies`` as a worker's pipe would,
+so the merge, the run-ahead and the state are those of process copies. A chunk's tensors are
+packed into one buffer (``chunk_packing``) that Ray returns through its object store out of
+band: the tensors handed on are views of the object store's memory, not copies.
+
+Faults: an actor whose process dies (SIGKILL, its node removed) is restarted by Ray
+(``max_restarts``; no task retries: a call it had not answered fails). ``RayCopy`` then starts
+the new actor from what the main process last took of it: the state before the last chunk
+received and that chunk's length (the actor re-runs those items and drops them), or the start
+of the epoch it had run ahead into, so no item is lost or repeated. Calls made before the
+restart carry the actor's old ``life`` and are answered with nothing. Ray is imported only
+here, when ``method: ray`` is asked for.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import queue
+import socket
+import threading
+from typing import Any, Callable
+
+from conveyor.nodes._workers.chunk_packing import Packer, unpack
+from conveyor.nodes._workers.copy_worker import BASE_KEY, END, ERR, ITEMS, POLL, SKIP_KEY, START
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'conveyor[ray]'"
+CONNECT_TIMEOUT = 3.0  # seconds to reach a cluster's address before calling it unreachable
+CONTROL = "control"  # the actor's concurrency group for start and pid
+MAX_RESTARTS = 3  # per actor: how often Ray restarts a copy whose process died
+
+
+def import_ray() -> Any:
+    """``ray``, or an ImportError that says how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(f"workers: method: ray needs Ray, which is not installed: {INSTALL_HINT} "
+                          f"(keeps torch as it is)") from exc
+    return ray
+
+
+def _reachable(address: str) -> None:
+    """Raise ConnectionError naming ``address`` when nothing answers there (Ray itself retries
+    for a long while before it gives up)."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not port.isdigit():
+        return  # "auto" and the like: Ray resolves them and names them when it fails
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        raise ConnectionError(f"workers: method: ray: the Ray cluster at {address!r} cannot be reached "
+                              f"({exc}); start it (ray start --head) or set RAY_ADDRESS / workers: "
+                              "address to a running one") from None
+
+
+def connect(address: str | None) -> Any:
+    """Ray, connected to the cluster at ``address`` (else ``RAY_ADDRESS``; else one started here)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is not None:
+        _reachable(address)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False, ignore_reinit_error=True)
+    except ConnectionError as exc:
+        raise ConnectionError(f"workers: method: ray: cannot connect to the Ray cluster at {address!r}: "
+                              f"{exc}") from None
+    return ray
+
+
+class _CopyActor:
+    """One copy in a Ray actor: the serving loop of a worker process, run in a thread."""
+
+    def __init__(self, factory: Callable, w: int, chunk: int, max_wait: float, run_ahead: bool):
+        import torch
+
+        from conveyor.nodes._workers.copy_worker import _serve
+
+        torch.set_num_threads(1)  # N copies share the node's cores, as worker processes do
+        self.life, self.pulled, self.held = -1, 0, {}
+        self.cmd: queue.Queue = queue.Queue()
+        self.out: queue.Queue = queue.Queue(maxsize=1)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=_serve, args=(factory, w, self.cmd, self.out, self.stop, chunk, max_wait,
+                                 Packer(share=False), run_ahead, None),
+            daemon=True, name=f"conveyor-copy-{w}")
+        self.thread.start()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def start(self, life: int, cmd: tuple) -> None:
+        """Run ``cmd`` (in the control group: a ``next_message`` waiting does not hold it up)."""
+        if life != self.life:  # the first start of this actor (a restarted one: a new life)
+            self.pulled, self.held = 0, {}
+            self.life = life
+        self.cmd.put(cmd)
+
+    def next_message(self, life: int, seq: int) -> tuple | None:
+        """Message ``seq`` of this life's stream (calls may arrive out of order: one pulled for a
+        later call waits in ``held``); None for a call of an earlier life (made before a restart)."""
+        while life > self.life:  # made after a restart, before its start came in
+            self.stop.wait(POLL)
+        while life == self.life:
+            if seq in self.held:
+                return self.held.pop(seq)
+            try:
+                msg = self.out.get(timeout=POLL)
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    return (-1, ERR, RuntimeError("its serving thread ended"), None, None)
+                continue
+            self.pulled += 1
+            if self.pulled - 1 == seq:
+                return msg
+            self.held[self.pulled - 1] = msg
+        return None
+
+
+class RayCopy:
+    """The main process's end of one actor: a command queue (``put``), a message stream
+    (``get``), and ``is_alive``/``join``, as ``WorkerCopies`` uses a worker process's."""
+
+    def __init__(self, ray: Any, actor_cls: Any, factory: Callable, w: int, *, depth: int, chunk: int,
+                 max_wait: float, run_ahead: bool, max_restarts: int = MAX_RESTARTS):
+        self.ray, self.w, self.depth, self.run_ahead = ray, w, depth, run_ahead
+        self.max_restarts = max_restarts
+        self.actor = actor_cls.options(max_restarts=max_restarts, max_task_retries=0).remote(
+            factory, w, chunk, max_wait, run_ahead)
+        self.refs: collections.deque = collections.deque()
+        self.life, self.seq = 0, 0
+        self.restarts = 0
+        self.streaming = False  # whether the actor is sending (calls kept in flight)
+        self.resume: tuple | None = None  # the start that takes a new actor to where this one was
+        self.started: tuple | None = None  # key of the last START handed on
+        self.swallow: tuple | None = None  # key whose START a restarted actor sends again
+        self.bytes_received = 0  # payload bytes that came through the object store
+        self.chunks_received = 0
+        self.alive = True
+
+    # ----- the command queue ---------------------------------------------------------------
+    def put(self, cmd: tuple) -> None:
+        if cmd[0] == "stop":
+            self.close()
+            return
+        self.resume = cmd
+        self.swallow = None
+        self._start(cmd)
+
+    def _start(self, cmd: tuple) -> None:
+        self.actor.start.options(concurrency_group=CONTROL).remote(self.life, cmd)
+        self.streaming = True
+        self._top_up()
+
+    def _top_up(self) -> None:
+        while self.streaming and len(self.refs) < self.depth:
+            self.refs.append(self.actor.next_message.remote(self.life, self.seq))
+            self.seq += 1
+
+    # ----- the message stream --------------------------------------------------------------
+    def get(self, timeout: float | None = None) -> tuple:
+        ray = self.ray
+        if not self.refs:
+            threading.Event().wait(timeout or POLL)
+            raise queue.Empty
+        ready, _ = ray.wait([self.refs[0]], timeout=timeout)
+        if not ready:
+            raise queue.Empty
+        ref = self.refs.popleft()
+        try:
+            msg = ray.get(ref)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            self._restart(exc)
+            raise queue.Empty from None
+        except ray.exceptions.ObjectStoreFullError as exc:
+            raise RuntimeError(f"worker copy {self.w} (ray actor): Ray's object store is full ({exc}); "
+                               "give it more memory (ray start --object-store-memory) or send smaller "
+                               "chunks") from None
+        except ray.exceptions.RayError as exc:
+            raise RuntimeError(f"worker copy {self.w} (ray actor) failed: {exc}") from None
+        if msg is None:
+            raise queue.Empty  # a call from before a restart
+        key, kind = msg[0], msg[1]
+        if kind == START and key == self.swallow:
+            self.swallow = None  # the restarted actor's own start: the merge has had this one
+            self._top_up()
+            raise queue.Empty
+        if kind == ITEMS:
+            _, _, payload, base, stats = msg
+            items = unpack(payload)
+            self.bytes_received += len(payload[0]) + memoryview(payload[2]).nbytes
+            self.chunks_received += 1
+            self.resume = ("start", key[0], key[1], {BASE_KEY: base, SKIP_KEY: len(items)}, self._deal())
+            msg = (key, ITEMS, items, base, stats)
+        elif kind == START:
+            self.started = key
+            self.resume = ("start", key[0], key[1], {BASE_KEY: msg[2], SKIP_KEY: 0}, self._deal())
+        elif kind == END:
+            if self.run_ahead:
+                self.resume = ("start", key[0], key[1] + 1, None, None)
+            else:
+                self.resume, self.streaming = None, False
+        elif kind == ERR:
+            self.resume, self.streaming = None, False
+        self._top_up()
+        return msg
+
+    def _deal(self) -> Any:
+        return self.resume[4] if self.resume is not None else None
+
+    def _restart(self, exc: BaseException) -> None:
+        """The actor died: go on with the one Ray starts instead, from where this one was."""
+        self.restarts += 1
+        if self.restarts > self.max_restarts:
+            self.alive = False
+            raise RuntimeError(f"worker copy {self.w} (ray actor) died and Ray has restarted it "
+                               f"{self.max_restarts} times already: {exc}") from None
+        log.warning("worker copy %d (ray actor) died (%s); Ray restarts it, and it resumes from the "
+                    "last chunk taken", self.w, type(exc).__name__)
+        self.life, self.seq = self.life + 1, 0
+        self.refs.clear()
+        self.streaming = False
+        if self.resume is not None:
+            cmd = self.resume
+            self.swallow = (cmd[1], cmd[2]) if (cmd[1], cmd[2]) == self.started else None
+            self._start(cmd)
+
+    # ----- as a worker ---------------------------------------------------------------------
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def join(self, timeout: float | None = None) -> None:
+        pass  # close() kills the actor at once
+
+    def close(self) -> None:
+        if self.alive:
+            self.alive = False
+            self.refs.clear()
+            try:
+                self.ray.kill(self.actor, no_restart=True)
+            except Exception as exc:  # noqa: BLE001 - the cluster is gone already: nothing to end
+                log.debug("worker copy %d: ray.kill: %s", self.w, exc)
+
+
+def launch(factory: Callable, copies: int, *, address: str | None, depth: int, chunk: int,
+           max_wait: float, run_ahead: bool, max_restarts: int = MAX_RESTARTS) -> list[RayCopy]:
+    """N actors, one a copy, on the cluster at ``address`` (see ``connect``)."""
+    ray = connect(address)
+    actor_cls = ray.remote(num_cpus=1, concurrency_groups={CONTROL: 1})(_CopyActor)
+    return [RayCopy(ray, actor_cls, factory, w, depth=depth, chunk=chunk, max_wait=max_wait,
+                    run_ahead=run_ahead, max_restarts=max_restarts) for w in range(copies)]

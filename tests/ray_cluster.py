@@ -1,0 +1,86 @@
+"""A real two-node Ray cluster on 127.0.0.1 for the tests: a head and a second node, each a
+``ray start --block`` process this module starts and ends by its pid (``ray stop`` would end
+every Ray on the machine, other users' too). Small: 2 CPUs and 200 MB of object store a node,
+no dashboard, no usage stats, every port free when asked for, its own temp dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_args(temp: str) -> list[str]:
+    return ["--block", "--node-ip-address=127.0.0.1", "--num-cpus=2", "--object-store-memory=200000000",
+            "--disable-usage-stats", f"--metrics-export-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}", f"--temp-dir={temp}"]
+
+
+@dataclass
+class Cluster:
+    address: str
+    temp: str
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def stop(self, keep_logs: bool = False) -> None:
+        """End each node by the pid of its ``ray start --block`` (which ends the node's own
+        processes), then kill what is left of that process group."""
+        for proc in reversed(self.procs):  # SIGTERM drains for 30 s: a test cluster has nothing to drain
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: only what it started
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=30)
+        if not keep_logs:
+            shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def start_cluster(timeout: float = 90.0) -> Cluster:
+    """A head and a second node; returns once both are up."""
+    here = os.path.dirname(os.path.abspath(__file__))  # the actors import conveyor and the tests' fns
+    path = os.pathsep.join([os.path.dirname(here), here] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=path)
+    temp = tempfile.mkdtemp(prefix="cr", dir="/tmp")  # short: Ray's socket paths have a limit
+    port = free_port()
+    cluster = Cluster(f"127.0.0.1:{port}", temp)
+    log = open(os.path.join(temp, "head.log"), "w")
+    head = ["ray", "start", "--head", f"--port={port}", "--include-dashboard=false"] + _node_args(temp)
+    cluster.procs.append(subprocess.Popen(head, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+    try:
+        _wait_nodes(cluster, 1, timeout)
+        second = ["ray", "start", f"--address={cluster.address}"] + _node_args(temp)
+        log2 = open(os.path.join(temp, "node2.log"), "w")
+        cluster.procs.append(subprocess.Popen(second, env=env, stdout=log2, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+        _wait_nodes(cluster, 2, timeout)
+    except BaseException:
+        cluster.stop(keep_logs=True)
+        raise
+    return cluster
+
+
+def _wait_nodes(cluster: Cluster, n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in cluster.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ray start exited with {proc.returncode}; see {cluster.temp}")
+        out = subprocess.run(["ray", "status", f"--address={cluster.address}"], capture_output=True,
+                             text=True, env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+        if out.returncode == 0 and out.stdout.count("node_") >= n:
+            return
+        time.sleep(1.0)
+    raise TimeoutError(f"the Ray cluster at {cluster.address} did not show {n} nodes within {timeout:.0f} s")
