@@ -26,6 +26,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from typing import Any, Callable
 
 from conveyor.nodes._workers.chunk_packing import Packer, unpack
@@ -37,6 +38,7 @@ INSTALL_HINT = "pip install 'conveyor[ray]'"
 CONNECT_TIMEOUT = 3.0  # seconds to reach a cluster's address before calling it unreachable
 CONTROL = "control"  # the actor's concurrency group for start and pid
 MAX_RESTARTS = 3  # per actor: how often Ray restarts a copy whose process died
+BACK_WITHIN = 60.0  # seconds a dead actor has to answer again (Ray restarting it) before it is an error
 
 
 def import_ray() -> Any:
@@ -67,11 +69,11 @@ def _reachable(address: str) -> None:
 def connect(address: str | None) -> Any:
     """Ray, connected to the cluster at ``address`` (else ``RAY_ADDRESS``; else one started here)."""
     ray = import_ray()
-    if ray.is_initialized():
-        return ray
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is not None:
-        _reachable(address)
+        _reachable(address)  # also when this process is connected already: the address asked for
+    if ray.is_initialized():
+        return ray
     try:
         ray.init(address=address, include_dashboard=False, log_to_driver=False,
                  configure_logging=False, ignore_reinit_error=True)
@@ -144,6 +146,7 @@ class RayCopy:
         self.refs: collections.deque = collections.deque()
         self.life, self.seq = 0, 0
         self.restarts = 0
+        self.failing_since: float | None = None  # the first failed call of a death not yet over
         self.streaming = False  # whether the actor is sending (calls kept in flight)
         self.resume: tuple | None = None  # the start that takes a new actor to where this one was
         self.started: tuple | None = None  # key of the last START handed on
@@ -183,7 +186,7 @@ class RayCopy:
         ref = self.refs.popleft()
         try:
             msg = ray.get(ref)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+        except ray.exceptions.RayActorError as exc:  # died, or unavailable while Ray restarts it
             self._restart(exc)
             raise queue.Empty from None
         except ray.exceptions.ObjectStoreFullError as exc:
@@ -192,6 +195,7 @@ class RayCopy:
                                "chunks") from None
         except ray.exceptions.RayError as exc:
             raise RuntimeError(f"worker copy {self.w} (ray actor) failed: {exc}") from None
+        self.failing_since = None  # it answers: a death, if there was one, is over
         if msg is None:
             raise queue.Empty  # a call from before a restart
         key, kind = msg[0], msg[1]
@@ -223,14 +227,28 @@ class RayCopy:
         return self.resume[4] if self.resume is not None else None
 
     def _restart(self, exc: BaseException) -> None:
-        """The actor died: go on with the one Ray starts instead, from where this one was."""
-        self.restarts += 1
+        """The actor died: go on with the one Ray starts instead, from where this one was.
+
+        One death fails every call in flight, and the calls made while Ray restarts the actor
+        ("temporarily unavailable"): the death is counted once, at its first failed call, and is
+        over at the first call answered again; an actor not back within ``BACK_WITHIN`` seconds
+        (its restarts used up, its node gone) is an error naming it."""
+        now = time.monotonic()
+        if self.failing_since is None:
+            self.failing_since = now
+            self.restarts += 1
+            log.warning("worker copy %d (ray actor) died (%s); Ray restarts it, and it resumes from the "
+                        "last chunk taken", self.w, type(exc).__name__)
+        elif now - self.failing_since > BACK_WITHIN:
+            self.alive = False
+            raise RuntimeError(f"worker copy {self.w} (ray actor) died and has not come back within "
+                               f"{BACK_WITHIN:g} s (restarts so far: {self.restarts}): {exc}") from None
+        else:
+            time.sleep(0.1)  # still restarting: ask again in a moment, not in a busy loop
         if self.restarts > self.max_restarts:
             self.alive = False
             raise RuntimeError(f"worker copy {self.w} (ray actor) died and Ray has restarted it "
                                f"{self.max_restarts} times already: {exc}") from None
-        log.warning("worker copy %d (ray actor) died (%s); Ray restarts it, and it resumes from the "
-                    "last chunk taken", self.w, type(exc).__name__)
         self.life, self.seq = self.life + 1, 0
         self.refs.clear()
         self.streaming = False
