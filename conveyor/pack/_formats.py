@@ -23,7 +23,7 @@ import numpy as np
 from conveyor.errors import ConveyorError, SampleError
 from conveyor.nodes import ListLitdata, ListMds, ReadSamples
 from conveyor.pack._samples import join_url
-from conveyor.pack._tar import INDEX_FORMAT, INDEX_NAME, _existing, _readable, _ShardWriter, _tar_size
+from conveyor.pack._tar import INDEX_FORMAT, INDEX_NAME, _readable, _ShardWriter, _tar_size, clear_destination
 from conveyor.storage import Storage, is_local, parse_size, redact
 
 KINDS = ("mds", "litdata")
@@ -70,15 +70,7 @@ def pack_from(kind: str, src: str, dst: str, *, shard_size: int | str = "256MB",
     samples = ReadSamples(lister, storage_options=storage_options, allow_pickle=allow_pickle, where=f"pack --from {kind}")
     storage = Storage(storage_options=storage_options)
     try:
-        old = _existing(storage, dst, prefix)
-        if old and not overwrite:
-            raise ConveyorError(f"pack: {redact(dst, storage_options)} already holds {len(old)} "
-                                f"shard(s) named {prefix}-*.tar; pass --overwrite to replace them")
-        for url in old:
-            fs, path = storage.resolve(url)
-            fs.rm_file(path)
-        if is_local(dst):
-            os.makedirs(dst, exist_ok=True)
+        clear_destination(storage, dst, prefix, overwrite, storage_options)
         tmpdir = dst if is_local(dst) else tempfile.gettempdir()
         writer = _ShardWriter(storage, dst, prefix, tmpdir)
         names: set[str] = set()

@@ -145,6 +145,25 @@ class _ShardWriter:
             os.remove(self._path)
 
 
+def clear_destination(storage: Storage, dst: str, prefix: str, overwrite: bool,
+                      storage_options: dict | None) -> None:
+    """Make ``dst`` ready for new shards: refuse (or, with ``overwrite``, remove) the shards
+    named ``prefix-*.tar`` already there, and make a local folder."""
+    old = _existing(storage, dst, prefix)
+    if old and not overwrite:
+        raise ConveyorError(f"pack: {redact(dst, storage_options)} already holds {len(old)} "
+                            f"shard(s) named {prefix}-*.tar; pass --overwrite to replace them")
+    for url in old:
+        fs, path = storage.resolve(url)
+        fs.rm_file(path)
+    if is_local(dst):
+        try:
+            os.makedirs(dst, exist_ok=True)
+        except OSError as exc:  # a file where the folder should be, a read-only mount...
+            raise ConveyorError(f"pack: cannot make the output folder {dst!r} "
+                                f"({type(exc).__name__}: {exc})") from exc
+
+
 def _existing(storage: Storage, dst: str, prefix: str) -> list[str]:
     try:
         return storage.glob(join_url(dst, f"{prefix}-*.tar"))
@@ -197,19 +216,7 @@ def pack(src: str, dst: str, *, shard_size: int | str = "256MB", prefix: str = "
         samples, classes = list_samples(storage, src, extensions)
         if not samples:
             raise SourceError(f"pack: no image files under {redact(src, storage_options)}/<class>/")
-        old = _existing(storage, dst, prefix)
-        if old and not overwrite:
-            raise ConveyorError(f"pack: {redact(dst, storage_options)} already holds {len(old)} "
-                                f"shard(s) named {prefix}-*.tar; pass --overwrite to replace them")
-        for url in old:
-            fs, path = storage.resolve(url)
-            fs.rm_file(path)
-        if is_local(dst):
-            try:
-                os.makedirs(dst, exist_ok=True)
-            except OSError as exc:  # a file where the folder should be, a read-only mount...
-                raise ConveyorError(f"pack: cannot make the output folder {dst!r} "
-                                    f"({type(exc).__name__}: {exc})") from exc
+        clear_destination(storage, dst, prefix, overwrite, storage_options)
         tmpdir = dst if is_local(dst) else None
         writer = _ShardWriter(storage, dst, prefix, tmpdir or tempfile.gettempdir())
         t0 = time.perf_counter()
