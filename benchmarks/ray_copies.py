@@ -52,7 +52,6 @@ def measure(spec: Path, epochs: int, image_size: int) -> dict:
     t0 = time.perf_counter()
     n = batches = 0
     t_steady = None
-    sent_bytes = sent_chunks = 0
     with load_graph(spec, root=str(SAMPLE), workers=2, image_size=image_size) as loader:
         first = None
         for _ in range(epochs):
@@ -65,10 +64,10 @@ def measure(spec: Path, epochs: int, image_size: int) -> dict:
                     t_steady, n = now, 0
                 elif t_steady is not None:
                     n += int(batch["label"].shape[0])
-            stats = loader.stats()
-            sent_bytes += _find(stats, "object_store_bytes")
-            sent_chunks += _find(stats, "object_store_chunks")
         end = time.perf_counter()
+        stats = loader.stats()  # the copies' counters run over the loader's life
+        sent_bytes = _find(stats, "object_store_bytes")
+        sent_chunks = _find(stats, "object_store_chunks")
     rate = n / (end - t_steady) if t_steady is not None and end > t_steady else float("nan")
     return {"startup": first or float("nan"), "rate": rate, "batches": batches,
             "bytes": sent_bytes, "chunks": sent_chunks}
