@@ -34,7 +34,8 @@ from conveyor.nodes.dataset import DatasetSampler, bad_weight
 from conveyor.nodes.fetch import Fetch
 from conveyor.nodes.filter import Filter
 from conveyor.nodes.iterable import IterableSource
-from conveyor.nodes.list_files import ListFiles, below, number_classes, suffixes, with_suffix
+from conveyor.nodes.list_files import (ListFiles, below, changed_since_manifest, number_classes, read_manifest,
+                                      suffixes, with_suffix, write_manifest)
 from conveyor.nodes.list_lmdb import ListLmdb
 from conveyor.nodes.map import Map
 from conveyor.nodes.map_batches import MapBatches, wants_rng
@@ -84,6 +85,7 @@ __all__ = [
     "bad_weight",
     "below",
     "capabilities",
+    "changed_since_manifest",
     "check_dtype",
     "count_items",
     "deal_end",
@@ -96,10 +98,12 @@ __all__ = [
     "lmdb_module",
     "number_classes",
     "pull",
+    "read_manifest",
     "remaining",
     "slot_items",
     "suffixes",
     "wants_rng",
     "weights_problem",
     "with_suffix",
+    "write_manifest",
 ]
