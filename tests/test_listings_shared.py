@@ -186,3 +186,42 @@ def test_read_manifest_keeps_what_the_listing_needs(tmp_path: Path) -> None:
     listing = read_manifest(str(out))
     assert listing["sizes"] and listing["etags"] is None  # local files: sizes, no ETags
     assert ListFiles(manifest=str(out)).count() == ListFiles(url=f"{root}/*/*.txt").count() == 40
+
+
+def _copies_spec(tmp_path: Path, url: str, method: str) -> Path:
+    spec = tmp_path / f"copies-{method}.yaml"
+    spec.write_text(f"nodes:\n  files: {{op: list_files, url: \"{url}\"}}\n"
+                    "  shard: {op: shard, by: [rank, worker]}\n  batch: {op: batch, size: 10}\n"
+                    f"output: batch\nworkers: {{copies: 3, method: {method}}}\n")
+    return spec
+
+
+def test_worker_copies_take_the_listing_their_parent_made(s3, tmp_path: Path) -> None:
+    """Each copy built its own list_files and listed (and the parent once more to count)."""
+    from conveyor import load_graph
+
+    _put_tree(s3, 1200)
+    url = s3.url("data/*/*.bin")
+    proxy = s3.proxy()
+    loader = load_graph(str(_copies_spec(tmp_path, url, "thread")))
+    for _ in range(2):
+        assert sum(len(b) for b in loader) == 1200
+    assert proxy.kinds == {"list": 2}, proxy.kinds  # one listing (two pages), not 1 + 3 copies
+
+
+def test_a_process_copy_gets_the_listing_with_its_factory(s3, tmp_path: Path) -> None:
+    import pickle
+
+    from conveyor.graphs.api import check_spec
+    from conveyor.graphs.compile import compile_plan
+    from conveyor.nodes import WorkerCopies
+
+    _put_tree(s3, 40)
+    url = s3.url("data/*/*.bin")
+    proxy = s3.proxy()
+    compiled = compile_plan(check_spec(str(_copies_spec(tmp_path, url, "process"))))
+    factory = next(c.inner for c in compiled.nodes.values() if isinstance(c.inner, WorkerCopies)).factory
+    sent = pickle.loads(pickle.dumps(factory))  # what a spawned worker process receives
+    assert proxy.kinds == {"list": 1} and len(sent.listings["files"]["paths"]) == 40
+    node, _ = sent(1)
+    assert sum(1 for _ in node) == len(range(1, 40, 3)) and proxy.kinds == {"list": 1}  # the copy lists nothing

@@ -38,6 +38,7 @@ class BuildContext:
     worker: int = 0
     workers: int = 1
     slab: int = 0  # a map feeding batch → collate: the batch size (compile.slabbed_maps)
+    listing: dict | None = None  # a listing made for this node elsewhere (worker copies' parent)
 
     def seed_for(self, seed: int | None) -> int:
         return self.seed if seed is None else seed
@@ -124,7 +125,10 @@ def _check_list_files(p: ListFilesParams, n_inputs: int) -> list[tuple[str, str]
 
 def _build_list_files(p: ListFilesParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
     share = None
-    if p.url is not None and ctx.world > 1 and shares(p.share.value, p.url):
+    if ctx.listing is not None:  # made once by the parent of the worker copies
+        made = ctx.listing
+        share = lambda make: made  # noqa: E731
+    elif p.url is not None and ctx.world > 1 and shares(p.share.value, p.url):
         share = listing_sharer(p.url, rank=ctx.rank, world=ctx.world, timeout=p.share_timeout)
     return ListFiles(url=p.url, manifest=p.manifest, label=p.label.value if p.label else None,
                      shuffle=p.shuffle, seed=ctx.seed_for(p.seed), storage_options=p.storage_options,
