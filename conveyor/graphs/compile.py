@@ -159,7 +159,7 @@ class CopyFactory:
                                    world=self.world)
                 node = p.op.build(p.params, [], ctx)
                 make = getattr(node, "listing", None)
-                if not callable(make) or getattr(node, "share", False) is False:  # no ListFiles hook
+                if not callable(make) or not getattr(node, "SHAREABLE", False):  # no listing to hand on
                     continue
                 try:
                     listing = node.share(make) if node.share is not None else make()

@@ -339,6 +339,7 @@ LIST_FILES = OpSpec("list_files", ListFilesParams, _build_list_files, "none",
                     "files matching a glob, sorted, as {path, label, index}; a global order "
                     "(elastic above a shard)", check=_check_list_files,
                     length=listed_count, listing=True, per_record=True, reads_from=_reads_from_url,
+                    safe_params=frozenset({"share", "share_timeout"}),  # who lists, not what is listed
                     items_in='', items_out='{path, label, index} per file, sorted by path',
                     example='files: {op: list_files, url: "${root}/*/*.JPEG", label: parent_dir, shuffle: true}')
 SHARD = OpSpec("shard", ShardParams, _build_shard, "one", "keep this rank's share; elastic: re-deals what an "

@@ -308,6 +308,7 @@ class ListFiles(BaseNode[dict]):
     COUNT_KEY = "count"
     DIGEST_KEY = "digest"
     OP, UNIT, NAMES = "list_files", "file", "paths"  # how messages name the op and its items
+    SHAREABLE = True  # its listing may be made elsewhere (rank 0, the copies' parent) and handed on
 
     def __init__(self, *, url: str | None = None, label: str | None = None, shuffle: bool = False,
                  seed: int = 0, storage_options: dict[str, Any] | None = None,
