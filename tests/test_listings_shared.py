@@ -225,3 +225,31 @@ def test_a_process_copy_gets_the_listing_with_its_factory(s3, tmp_path: Path) ->
     assert proxy.kinds == {"list": 1} and len(sent.listings["files"]["paths"]) == 40
     node, _ = sent(1)
     assert sum(1 for _ in node) == len(range(1, 40, 3)) and proxy.kinds == {"list": 1}  # the copy lists nothing
+
+
+def _tar(body: bytes) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo("s0.txt")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    return buf.getvalue()
+
+
+def test_read_tar_tells_a_shard_re_packed_since_the_manifest_by_its_etag(s3, tmp_path: Path) -> None:
+    from conveyor.nodes.read_tar import ReadTar
+
+    for i in range(2):
+        s3.client.put_object(Bucket=s3.bucket, Key=f"shards/shard-{i}.tar", Body=_tar(b"a" * 100))
+    out = _index(s3, s3.url("shards/*.tar"), tmp_path)
+    assert [s["txt"] for s in ReadTar(ListFiles(manifest=str(out)))] == [b"a" * 100] * 2
+    s3.client.put_object(Bucket=s3.bucket, Key="shards/shard-1.tar", Body=_tar(b"b" * 100))  # same size
+    with pytest.raises(SourceError, match=r"shard-1.tar, listed in the manifest .* has ETag \w+, the manifest "
+                                          r"says \w+: .*re-run conveyor index"):
+        list(ReadTar(ListFiles(manifest=str(out)), on_error="skip"))
+    s3.client.delete_object(Bucket=s3.bucket, Key="shards/shard-0.tar")
+    with pytest.raises(SourceError, match=r"shard-0.tar, listed in the manifest .* is gone"):
+        list(ReadTar(ListFiles(manifest=str(out)), on_error="skip"))

@@ -159,7 +159,7 @@ class Fetch(BaseNode[dict]):
             if not self.read_local and _is_local(url):
                 self._window.append(_Entry(before, item, None))  # the decoder reads it
             else:
-                version = (item["size"], item["etag"]) if "manifest" in item and "size" in item else None
+                version = (item["size"], item.get("etag")) if "manifest" in item and "size" in item else None
                 self._window.append(_Entry(before, item, self.storage.submit(url, version=version)))
 
     def next(self) -> dict:
