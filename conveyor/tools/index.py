@@ -25,6 +25,8 @@ LABELS = ("parent_dir", "top_dir")
 
 
 def cmd_index(args: argparse.Namespace) -> int:
+    if args.extensions is not None and not all(e.strip(".") for e in args.extensions):
+        raise UsageError(f"--extensions: expected extensions such as .jpg .png, got {args.extensions}")
     manifest = write_manifest(args.url, extensions=args.extensions, label=args.label)
     text = json.dumps(manifest, separators=(",", ":")) + "\n"
     if args.out in (None, "-"):
@@ -38,12 +40,6 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-def _extensions(values: list[str] | None) -> list[str] | None:
-    if values is not None and not all(v.strip(".") for v in values):
-        raise UsageError(f"--extensions: expected extensions such as .jpg .png, got {values}")
-    return values
-
-
 def add_parser(sub: Any) -> None:
     """Add ``conveyor index`` to the CLI's subcommands."""
     p = sub.add_parser("index", help="list a URL once and write a manifest for list_files (manifest: ...)")
@@ -51,4 +47,4 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--extensions", nargs="+", default=None, help="keep only names ending in these (.jpg .png)")
     p.add_argument("--label", choices=LABELS, default=None, help="label the files as list_files does")
     p.add_argument("-o", "--out", default=None, help="write here (default: standard output)")
-    p.set_defaults(func=lambda a: cmd_index(argparse.Namespace(**{**vars(a), "extensions": _extensions(a.extensions)})))
+    p.set_defaults(func=cmd_index)
