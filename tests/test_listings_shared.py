@@ -253,3 +253,28 @@ def test_read_tar_tells_a_shard_re_packed_since_the_manifest_by_its_etag(s3, tmp
     s3.client.delete_object(Bucket=s3.bucket, Key="shards/shard-0.tar")
     with pytest.raises(SourceError, match=r"shard-0.tar, listed in the manifest .* is gone"):
         list(ReadTar(ListFiles(manifest=str(out)), on_error="skip"))
+
+
+@pytest.mark.timeout(240)
+def test_under_torchrun_rank_0_lists_once_for_4_ranks_and_2_epochs(s3, tmp_path: Path) -> None:
+    """The whole path: the spec's list_files on 4 ranks of a gloo process group, the listing
+    shared through the group's store, counted at a proxy in front of moto."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    _put_tree(s3, 1200)
+    proxy = s3.proxy()  # the AWS_* variables now point at it; the ranks inherit them
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(root / "tests/shared_listing_job.py"), s3.url("data/*/*.bin"),
+           str(tmp_path)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    for epoch in range(2):
+        paths = [p for r in range(4) for p in seen[r][epoch]]
+        assert len(paths) == len(set(paths)) == 1200  # disjoint shares of one listing
+    assert proxy.kinds.get("list") == 2, proxy.kinds  # rank 0's two pages; before: 4 ranks x 2
