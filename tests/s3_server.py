@@ -215,6 +215,7 @@ class FaultProxy:
         self.deny, self.hang, self.only = deny, hang, only
         self.injected: dict[str, int] = {}
         self.requests = 0
+        self.kinds: dict[str, int] = {}  # requests by kind_of: list, get, head, put...
         self._seen: dict[tuple, int] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -238,9 +239,19 @@ class FaultProxy:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
+    @staticmethod
+    def kind_of(method: str, path: str) -> str:
+        """``list`` (a GET of a bucket: ListObjects, path-style), else the method in lower case."""
+        where, _, query = path.partition("?")
+        if method == "GET" and ("list-type=" in query or "/" not in where.strip("/")):
+            return "list"
+        return method.lower()
+
     def decide(self, method: str, path: str, rng: str) -> str | None:
         with self._lock:
             self.requests += 1
+            kind = self.kind_of(method, path)
+            self.kinds[kind] = self.kinds.get(kind, 0) + 1
             if self.deny and self.deny in path:
                 fault: str | None = "deny"
             elif self.hang and self.hang in path:

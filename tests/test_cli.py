@@ -99,7 +99,8 @@ def test_show_text(results):
     for a, b in CHAIN:
         assert f"  {b}: {OPS[b]} <- {a}" in lines
     assert "      size=8, drop_last=false" in lines
-    assert f'      url="{data}/*/*.txt", extensions=null, label="parent_dir", shuffle=true, seed=null' in lines
+    assert (f'      url="{data}/*/*.txt", manifest=null, extensions=null, label="parent_dir", shuffle=true, '
+            'seed=null, share="auto", share_timeout=1800.0') in lines
 
 
 def parse_dot(text: str) -> tuple[str, dict[str, str], list[tuple[str, str]]]:

@@ -19,7 +19,8 @@ GRAPHS = ROOT / "conveyor" / "graphs"
 # before each op declared its own
 SAFE_BEFORE = frozenset({"workers", "method", "mp_context", "depth", "snapshot_every", "enabled",
                          "concurrency", "attempts", "timeout", "backoff", "backoff_max", "cache",
-                         "cache_size", "block_size", "read_ahead", "device", "non_blocking"})
+                         "cache_size", "block_size", "read_ahead", "device", "non_blocking",
+                         "share", "share_timeout"})  # list_files's: who lists, not what (issue 31.4)
 
 
 def op_name_literals(source: str, names: set[str], *, table: str | None = None) -> list[tuple[int, str]]:

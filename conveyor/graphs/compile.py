@@ -9,6 +9,7 @@ and ``conveyor show`` name; the graph's summary and digest in a state are graphs
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -21,7 +22,8 @@ from conveyor.graphs.ops import BuildContext
 from conveyor.graphs.validate import Plan
 from conveyor.nodes import WorkerCopies, dist_rank_world
 
-SECRET_PARAMS = ("storage_options",)  # never in states, digests or `show` output
+SECRET_PARAMS = ("storage_options",)
+_HAND_LOCK = threading.RLock()  # CopyFactory.hand_listings: one listing for every worker thread  # never in states, digests or `show` output
 
 
 def plain(value: Any) -> Any:
@@ -111,14 +113,14 @@ def slabbed_maps(plan: Plan, names: list[str]) -> dict[str, int]:
 
 
 def _build(plan: Plan, names: list[str], rank: int, world: int, worker: int, workers: int,
-           built: dict[str, BaseNode]) -> dict[str, Counted]:
+           built: dict[str, BaseNode], listings: dict[str, dict] | None = None) -> dict[str, Counted]:
     slabs = slabbed_maps(plan, names)
     for name in names:
         p = plan.nodes[name]
         ctx = BuildContext(name=name, op=p.op.name,
                            where=f"node '{name}' ({p.op.name}) from {plan.path}:{p.line}",
                            seed=plan.seed, rank=rank, world=world, worker=worker, workers=workers,
-                           slab=slabs.get(name, 0))
+                           slab=slabs.get(name, 0), listing=(listings or {}).get(name))
         try:
             node = p.op.build(p.params, [built[i] for i in p.inputs], ctx)
         except ConveyorError as exc:  # a cache folder that cannot be made, say: name the node
@@ -142,8 +144,37 @@ class CopyFactory:
     world: int
     copies: int
 
+    listings: dict[str, dict] = field(default_factory=dict)  # made here once, handed to every copy
+
+    def hand_listings(self) -> None:
+        """List the copied listing nodes once, in this process (the copies' parent), so that the
+        copies take the listing instead of each listing the source again (``listings``)."""
+        with _HAND_LOCK:
+            for name in self.names:
+                p = self.plan.nodes[name]
+                if not p.op.listing or p.inputs or name in self.listings:
+                    continue
+                ctx = BuildContext(name=name, op=p.op.name, where=f"node '{name}' ({p.op.name}) from "
+                                   f"{self.plan.path}:{p.line}", seed=self.plan.seed, rank=self.rank,
+                                   world=self.world)
+                node = p.op.build(p.params, [], ctx)
+                make = getattr(node, "listing", None)
+                if not callable(make) or not getattr(node, "SHAREABLE", False):  # no listing to hand on
+                    continue
+                try:
+                    listing = node.share(make) if node.share is not None else make()
+                except ConveyorError as exc:
+                    exc.add_note(f"in {ctx.where}")
+                    raise
+                self.listings[name] = listing
+
+    def __getstate__(self) -> dict:  # to a worker process: with the listings made here
+        self.hand_listings()
+        return self.__dict__
+
     def __call__(self, w: int) -> tuple[BaseNode, dict[str, Counted]]:
-        built = _build(self.plan, self.names, self.rank, self.world, w, self.copies, {})
+        self.hand_listings()  # worker threads: the first lists, the others take it; processes: done
+        built = _build(self.plan, self.names, self.rank, self.world, w, self.copies, {}, self.listings)
         return built[self.until], built
 
 

@@ -29,7 +29,7 @@ class UnknownLength(Exception):
 
 
 def epoch_length(plan: Any, built: dict[str, Any], rank: int, world: int,
-                 copies: tuple[int, str] | None = None) -> int:
+                 copies: tuple[int, str] | None = None, listings: dict[str, dict] | None = None) -> int:
     """Batches (items of the output node) one epoch of ``plan`` yields on ``rank``.
 
     Args:
@@ -38,6 +38,7 @@ def epoch_length(plan: Any, built: dict[str, Any], rank: int, world: int,
         rank: this rank.
         world: the number of ranks.
         copies: ``(count, until)`` when the graph runs up to ``until`` in worker copies.
+        listings: listings made for copied nodes (``CopyFactory.listings``): counted from them.
 
     Raises:
         UnknownLength: a node makes the count depend on the data; names it.
@@ -51,7 +52,7 @@ def epoch_length(plan: Any, built: dict[str, Any], rank: int, world: int,
             if node is None:  # built only inside the worker copies: build one here to count
                 p = plan.nodes[name]
                 ctx = BuildContext(name=name, op=p.op.name, where=f"node '{name}'", seed=plan.seed,
-                                   rank=rank, world=world)
+                                   rank=rank, world=world, listing=(listings or {}).get(name))
                 node = p.op.build(p.params, [], ctx)
             count = getattr(node, "count", None)
             sources[name] = count() if callable(count) else None

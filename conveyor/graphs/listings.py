@@ -15,18 +15,29 @@ costs one store request at those batches. A difference is a ``ConveyorError`` on
 naming each rank's listing. The listing is made once per loader, so one comparison does.
 Graphs with a listing that no rank shard deals (each rank reading its own folder on purpose)
 are not checked.
+
+``listing_sharer`` goes further for remote URLs: rank 0 lists and puts the listing
+(compressed JSON) in the store, the other ranks read it from there instead of listing (a
+bucket of 1.28 M objects is ~1,300 LIST requests a rank). A rank waits for rank 0's listing
+at most ``timeout`` seconds, then fails naming rank 0 and the URL; a listing that fails on
+rank 0 fails on every rank at once, with rank 0's message.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
 import logging
 import os
+import threading
+import zlib
 from collections import Counter
 from typing import Any, Callable
 
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConveyorError, SourceError
 from conveyor.nodes import ListFiles
+from conveyor.storage import is_local
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +53,65 @@ def _store() -> Any:
         return dist.distributed_c10d._get_default_store()
     except (ImportError, AttributeError, RuntimeError, ValueError):
         return None
+
+
+_shared_serials: Counter[tuple[str, int]] = Counter()  # listings of each URL shared, by rank
+_shared_lock = threading.Lock()
+_FAILED = b"E"  # rank 0's listing failed: the message follows
+_LISTING = b"L"  # the listing, zlib-compressed JSON, follows
+
+
+def shares(choice: str, url: str) -> bool:
+    """Whether ``list_files(share: choice)`` of ``url`` lists on rank 0 only: ``rank0``; ``each``
+    never; ``auto`` for remote URLs only (a local path may be another disk, or another copy of
+    the data, on each node: each rank lists its own, and ``ListingCheck`` compares them)."""
+    return choice == "rank0" or (choice == "auto" and not is_local(url))
+
+
+def listing_sharer(url: str, *, rank: int, world: int, timeout: float,
+                   store: Callable[[], Any] | None = None) -> Callable[[Callable[[], dict]], dict]:
+    """``ListFiles``'s ``share`` hook: rank 0 calls ``make`` and puts the listing in the store,
+    the others take it from there. ``store`` gives the store (default: the process group's);
+    without one (no torch.distributed, or a worker process forked from the rank) each lists.
+
+    Raises (from the hook):
+        SourceError: rank 0's listing failed (its message), or did not come in ``timeout`` s.
+    """
+    made_in = os.getpid()
+    get_store = store or _store
+
+    def share(make: Callable[[], dict]) -> dict:
+        st = get_store() if os.getpid() == made_in else None
+        if st is None or world <= 1:
+            return make()
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        with _shared_lock:  # the n-th listing of this URL in this process meets the n-th on the others
+            _shared_serials[url, rank] += 1
+            serial = _shared_serials[url, rank]
+        name = hashlib.sha256(url.encode()).hexdigest()[:16]
+        key = f"conveyor/shared-listing/{attempt}/{name}/{serial}"
+        if rank == 0:
+            try:
+                listing = make()
+            except ConveyorError as exc:
+                st.set(key, _FAILED + str(exc).encode())
+                raise
+            st.set(key, _LISTING + zlib.compress(json.dumps(listing, separators=(",", ":")).encode(), 1))
+            return listing
+        try:
+            st.wait([key], datetime.timedelta(seconds=timeout))
+            raw = bytes(st.get(key))
+        except (RuntimeError, OSError) as exc:  # DistStoreError: timed out, or the store is gone
+            raise SourceError(f"list_files {url!r}: rank {rank} waited {timeout:g}s for rank 0's listing "
+                              f"(list_files share: rank0) and it did not come ({exc}); is rank 0 alive "
+                              "and listing? raise share_timeout for a listing that takes longer, or set "
+                              "share: each to list on every rank") from exc
+        if raw[:1] == _FAILED:
+            raise SourceError(f"list_files {url!r}: rank 0 could not list it: {raw[1:].decode(errors='replace')}")
+        log.debug("list_files %s: the listing of rank 0 (%d bytes compressed)", url, len(raw))
+        return json.loads(zlib.decompress(raw[1:]))
+
+    return share
 
 
 def _where(params: Any) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from conveyor.graphs.fn_args import heavy_output
+from conveyor.graphs.listings import listing_sharer, shares
 from conveyor.graphs.opspec import Deal, Problem, SpecGraph, Where, listed_count, same_count
 from conveyor.graphs.registry import OpSpec, param, resolve_fn
 from conveyor.nodes import (Batch, Collate, Cursor, ListFiles, Mix, PinMemory, Prefetch, Shard,
@@ -37,6 +38,7 @@ class BuildContext:
     worker: int = 0
     workers: int = 1
     slab: int = 0  # a map feeding batch → collate: the batch size (compile.slabbed_maps)
+    listing: dict | None = None  # a listing made for this node elsewhere (worker copies' parent)
 
     def seed_for(self, seed: int | None) -> int:
         return self.seed if seed is None else seed
@@ -74,9 +76,19 @@ class Stop(str, enum.Enum):
     forever = "forever"
 
 
+class ShareListing(str, enum.Enum):
+    """Who lists under torch.distributed: ``auto`` (rank 0 for remote URLs, each rank for local
+    paths, which may be other disks on other nodes), ``rank0`` or ``each``."""
+    auto = "auto"
+    rank0 = "rank0"
+    each = "each"
+
+
 @dataclass(frozen=True)
 class ListFilesParams:
-    url: str = param(doc="fsspec glob: local path, file://, s3://...")
+    url: str | None = param(None, doc="fsspec glob: local path, file://, s3://... (or give manifest)")
+    manifest: str | None = param(None, doc="instead of url: a manifest written by conveyor index, "
+                                           "read with one request")
     extensions: list[str] | None = param(None, doc="keep only names ending in one of these, any case "
                                                    "([.jpg, .jpeg, .png])")
     label: Label | None = param(None, doc="parent_dir: class index from the parent folder; top_dir: "
@@ -85,6 +97,10 @@ class ListFilesParams:
     shuffle: bool = param(False, doc="permute the whole listing each epoch")
     seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
     storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
+    share: ShareListing = param(ShareListing.auto, doc="under torch.distributed, rank0: rank 0 lists and "
+                                                       "the others read its listing from the store; each: "
+                                                       "every rank lists; auto: rank0 for remote URLs")
+    share_timeout: float = param(1800.0, doc="seconds the other ranks wait for rank 0's listing")
 
 
 _GLOB_CHARS = "*?["
@@ -109,7 +125,16 @@ def root_only(url: str) -> bool:
 
 
 def _check_list_files(p: ListFilesParams, n_inputs: int) -> list[tuple[str, str]]:
-    if root_only(p.url):
+    if (p.url is None) == (p.manifest is None):
+        what = "missing" if p.url is None else "given with manifest"
+        return [("url", f"{what}; list_files takes url (fsspec glob: local path, file://, s3://...) or "
+                        "manifest (written by conveyor index), one of them")]
+    if p.manifest is not None and (p.label is not None or p.extensions is not None):
+        return [("manifest", "a manifest holds its labels and was filtered when written: give label and "
+                             "extensions to conveyor index, not here")]
+    if not p.share_timeout > 0:
+        return [("share_timeout", f"expected a number of seconds > 0, got {p.share_timeout!r}")]
+    if p.url is not None and root_only(p.url):
         return [("url", f"expected a folder or glob below the root of a filesystem or bucket, got "
                         f"{p.url!r}: an empty or root-only URL ('', '/', '/*/**', 'file:///', 's3://', "
                         f"'s3://*') would list everything the store holds")]
@@ -124,9 +149,15 @@ def _check_list_files(p: ListFilesParams, n_inputs: int) -> list[tuple[str, str]
 
 
 def _build_list_files(p: ListFilesParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
-    return ListFiles(url=p.url, label=p.label.value if p.label else None, shuffle=p.shuffle,
-                     seed=ctx.seed_for(p.seed), storage_options=p.storage_options,
-                     extensions=p.extensions, where=ctx.where)
+    share = None
+    if ctx.listing is not None:  # made once by the parent of the worker copies
+        made = ctx.listing
+        share = lambda make: made  # noqa: E731
+    elif p.url is not None and ctx.world > 1 and shares(p.share.value, p.url):
+        share = listing_sharer(p.url, rank=ctx.rank, world=ctx.world, timeout=p.share_timeout)
+    return ListFiles(url=p.url, manifest=p.manifest, label=p.label.value if p.label else None,
+                     shuffle=p.shuffle, seed=ctx.seed_for(p.seed), storage_options=p.storage_options,
+                     extensions=p.extensions, where=ctx.where, share=share)
 
 
 class Equalize(str, enum.Enum):
@@ -346,13 +377,14 @@ def _elastic_prefetch(p: PrefetchParams, ctx: Any, cursor: Cursor) -> Cursor:
 
 
 def _reads_from_url(p: ListFilesParams) -> list[str]:
-    return [p.url]
+    return [u for u in (p.url, p.manifest) if u]
 
 
 LIST_FILES = OpSpec("list_files", ListFilesParams, _build_list_files, "none",
                     "files matching a glob, sorted, as {path, label, index}; a global order "
                     "(elastic above a shard)", check=_check_list_files,
                     length=listed_count, listing=True, per_record=True, reads_from=_reads_from_url,
+                    safe_params=frozenset({"share", "share_timeout"}),  # who lists, not what is listed
                     items_in='', items_out='{path, label, index} per file, sorted by path',
                     example='files: {op: list_files, url: "${root}/*/*.JPEG", label: parent_dir, shuffle: true}')
 SHARD = OpSpec("shard", ShardParams, _build_shard, "one", "keep this rank's share; elastic: re-deals what an "

@@ -77,6 +77,9 @@ def _check_remote(p: _RemoteParams, n_inputs: int) -> list[tuple[str, str]]:
         if n <= 0 or (name == "block_size" and n < 512):
             errors.append((name, f"expected a size of at least {512 if name == 'block_size' else 1} "
                                  f"bytes, got {value!r}"))
+    if isinstance(p, ReadTarParams) and p.cache and not errors and parse_size(p.cache_size) < parse_size(p.block_size):
+        errors.append(("cache_size", f"the cache ({p.cache}) must hold at least one block (block_size "
+                                     f"{p.block_size!r}), got {p.cache_size!r}"))
     return errors
 
 

@@ -142,4 +142,11 @@ class GraphRun:
         copies = getattr(c.plan, "copies", None)
         copied = (copies.count, copies.until) if c.copied else None
         nodes = {n: counted for n, counted in c.nodes.items() if n not in c.copied}
-        return min(epoch_length(c.plan, nodes, r, c.world, copied) for r in self.ranks.counted(c.rank, c.world))
+        merge = self.copies() if c.copied else None
+        hand = getattr(getattr(merge, "factory", None), "hand_listings", None)
+        listings: dict[str, dict] = {}
+        if callable(hand):  # the copies' listings, made once here: counted from them, handed to the copies
+            hand()
+            listings = merge.factory.listings  # type: ignore[union-attr]
+        return min(epoch_length(c.plan, nodes, r, c.world, copied, listings)
+                   for r in self.ranks.counted(c.rank, c.world))

@@ -35,7 +35,8 @@ from conveyor.nodes.fetch import Fetch
 from conveyor.nodes.filter import Filter
 from conveyor.nodes.synthetic import Synthetic
 from conveyor.nodes.iterable import IterableSource
-from conveyor.nodes.list_files import ListFiles, below, number_classes, suffixes, with_suffix
+from conveyor.nodes.list_files import (ListFiles, below, changed_since_manifest, number_classes, read_manifest,
+                                      suffixes, with_suffix, write_manifest)
 from conveyor.nodes.list_lmdb import ListLmdb
 from conveyor.nodes.list_samples import ListLitdata, ListMds
 from conveyor.nodes.map import Map
@@ -92,6 +93,7 @@ __all__ = [
     "bad_weight",
     "below",
     "capabilities",
+    "changed_since_manifest",
     "check_dtype",
     "check_state",
     "count_items",
@@ -105,6 +107,7 @@ __all__ = [
     "lmdb_module",
     "number_classes",
     "pull",
+    "read_manifest",
     "remaining",
     "slot_items",
     "state_shape",
@@ -112,4 +115,5 @@ __all__ = [
     "wants_rng",
     "weights_problem",
     "with_suffix",
+    "write_manifest",
 ]

@@ -28,15 +28,21 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from conveyor.errors import SampleError
+from conveyor.errors import SampleError, SourceError
 from conveyor.nodes import capabilities as cap
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
-from conveyor.storage import RetryPolicy, Storage
+from conveyor.nodes.list_files import changed_since_manifest
 from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE
+from conveyor.storage import NOT_FOUND, RetryPolicy, Storage, classify
 
 log = logging.getLogger(__name__)
 
 ON_ERROR = ("raise", "skip")
+
+
+def is_gone(exc: BaseException) -> bool:
+    """Whether a read failed as the object is not there (404)."""
+    return exc.__cause__ is not None and classify(exc.__cause__) == NOT_FOUND
 
 
 class _Entry:
@@ -155,7 +161,8 @@ class Fetch(BaseNode[dict]):
             if not self.read_local and _is_local(url):
                 self._window.append(_Entry(before, item, None))  # the decoder reads it
             else:
-                self._window.append(_Entry(before, item, self.storage.submit(url)))
+                version = (item["size"], item.get("etag")) if "manifest" in item and "size" in item else None
+                self._window.append(_Entry(before, item, self.storage.submit(url, version=version)))
 
     def next(self) -> dict:
         while True:
@@ -169,7 +176,12 @@ class Fetch(BaseNode[dict]):
                 return entry.item
             try:
                 data = entry.future.result()
+                changed = changed_since_manifest(entry.item, len(data), None)
             except SampleError as exc:
+                changed = changed_since_manifest(entry.item, None, None, gone=is_gone(exc))
+                if changed:
+                    self._window.popleft()
+                    raise SourceError(changed + f" (in {self.where})") from exc
                 self._window.popleft()
                 if self.on_error == "raise":
                     exc.add_note(f"in {self.where}")
@@ -182,6 +194,9 @@ class Fetch(BaseNode[dict]):
             except Exception as exc:  # SourceError and anything unexpected: never skipped
                 exc.add_note(f"in {self.where}")
                 raise
+            if changed:
+                self._window.popleft()
+                raise SourceError(changed + f" (in {self.where})")
             self._window.popleft()
             self._emitted += 1
             self._fill()  # the next reads start before the caller works on this one

@@ -10,11 +10,18 @@ global shuffle for free, since the state is only a position.
 The state is that position, with the listing's file count and a digest of its paths: a
 state restored into a listing that changed since (a file added, removed or renamed) would
 repeat or skip files, so it is refused with a ``StateError`` saying what changed.
+
+A listing can be made once and reused: ``conveyor index URL > manifest.json`` writes a
+manifest (``write_manifest``: the paths, labels, sizes and ETags, the count and the digest)
+that ``ListFiles(manifest=...)`` reads with one GET instead of listing; and ``share``, a hook
+that ``graphs/`` fills under torch.distributed, lets rank 0 list and hand the listing to the
+other ranks (``share(make)`` returns the listing as plain data, calling ``make`` or not).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import random
@@ -23,18 +30,22 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
-from conveyor.errors import SourceError, StateError
+from conveyor.errors import SampleError, SourceError, StateError
 from conveyor.nodes._rng import derive_seed
 from conveyor.storage import Storage, fixed_part, is_folder_marker
 from conveyor.nodes.state_shape import Fields, Int, Str
 
 log = logging.getLogger(__name__)
 
+MANIFEST_FORMAT = 1
+Share = Callable[[Callable[[], dict]], dict]  # share(make) -> the listing as plain data
+
 LABEL_CHOICES = (None, "parent_dir", "top_dir")
 SPLIT_NAMES = frozenset({"train", "val", "valid", "validation", "test", "eval"})  # not class names
 
 
-def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[str]]:
+def _glob(url: str, storage_options: dict[str, Any] | None,
+          infos: dict[str, dict] | None = None) -> tuple[str, list[str]]:
     """The fixed part of ``url`` before its wildcards (``Storage.glob_root``) and the sorted
     matches of ``url`` (a folder: every file below it; object storage's folder markers, which
     end in ``/``, included), listed through ``conveyor.storage``:
@@ -47,7 +58,7 @@ def _glob(url: str, storage_options: dict[str, Any] | None) -> tuple[str, list[s
         literal, wild = fixed_part(url)
         if not wild and storage.call(literal, "isdir"):
             pattern = url.rstrip("/") + "/**"  # a folder: every file below it
-        return storage.glob_root(pattern), storage.glob(pattern, folder_markers=True)
+        return storage.glob_root(pattern), storage.glob(pattern, folder_markers=True, infos=infos)
     finally:
         storage.close()
 
@@ -177,6 +188,85 @@ def _digest(paths: list[str]) -> str:
     return hashlib.sha256(names.encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
+def write_manifest(url: str, *, extensions: list[str] | None = None, label: str | None = None,
+                   storage_options: dict[str, Any] | None = None) -> dict:
+    """A manifest of what ``ListFiles(url=url, extensions=..., label=...)`` lists, as plain
+    data (``conveyor index`` writes it as JSON): the sorted paths, their labels, the classes,
+    the count and the digest (as a state holds them), and the sizes and ETags the listing
+    gave at no extra request (S3: both; the local disk: sizes). One listing is made."""
+    node = ListFiles(url=url, extensions=extensions, label=label, storage_options=storage_options)
+    infos: dict[str, dict] = {}
+    paths, records = node._list(infos)
+    sizes = []
+    for p in paths:
+        size = infos.get(p, {}).get("size")
+        if size is None and os.path.isfile(p):
+            size = os.path.getsize(p)
+        sizes.append(size)
+    etags = [str(infos.get(p, {}).get("ETag") or "").strip('"') or None for p in paths]
+    out = {"format": MANIFEST_FORMAT, "written_by": "conveyor index", "url": url, "label": label,
+           "extensions": list(node.extensions) if node.extensions else None, "count": len(paths),
+           "digest": _digest(paths), "classes": node.classes, "paths": paths,
+           "labels": [r["label"] for r in records]}
+    if any(x is not None for x in sizes):
+        out["sizes"] = sizes
+    if any(etags):
+        out["etags"] = etags
+    return out
+
+
+def read_manifest(manifest: str, storage_options: dict[str, Any] | None = None) -> dict:
+    """The listing a manifest holds (``ListFiles.listing()``'s plain data, with ``manifest``
+    naming it), read with one request; a manifest that cannot be read, is not one, or does
+    not add up is a ``SourceError`` naming it."""
+    storage = Storage(storage_options=storage_options)
+    again = "; write it with: conveyor index URL > manifest.json"
+    try:
+        raw = storage.read(manifest)
+    except (SourceError, SampleError) as exc:
+        raise SourceError(f"manifest {manifest}: cannot read it ({exc}){again}") from exc
+    finally:
+        storage.close()
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise SourceError(f"manifest {manifest}: not JSON ({exc}){again}") from exc
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("paths"), list):
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise SourceError(f"manifest {manifest}: not a conveyor manifest of format {MANIFEST_FORMAT} "
+                          f"(format: {got!r}){again}")
+    paths = data["paths"]
+    n = len(paths)
+    lists = {k: data.get(k) for k in ("labels", "sizes", "etags") if data.get(k) is not None}
+    bad = [k for k, v in lists.items() if not isinstance(v, list) or len(v) != n]
+    if not paths or data.get("count") != n or bad or "labels" not in lists:
+        raise SourceError(f"manifest {manifest}: says {data.get('count')!r} files, holds {n} paths"
+                          + (f" and other numbers of {', '.join(bad)}" if bad else "")
+                          + f": it was cut short or edited; re-run conveyor index")
+    return {"paths": paths, "labels": lists["labels"], "classes": data.get("classes") or [],
+            "sizes": lists.get("sizes"), "etags": lists.get("etags"), "digest": data.get("digest"),
+            "manifest": manifest}
+
+
+def changed_since_manifest(record: dict, size: int | None, etag: str | None, gone: bool = False) -> str | None:
+    """What a reader found of a record listed by a manifest (``ListFiles(manifest=...)``) that
+    no longer matches it (gone, another size or ETag), as the text of an error naming the
+    manifest and the object; None when the record is not from a manifest or still matches."""
+    manifest = record.get("manifest")
+    if not manifest:
+        return None
+    if gone:
+        what = "is gone"
+    elif record.get("size") is not None and size is not None and size != record["size"]:
+        what = f"is {size} bytes, the manifest says {record['size']}"
+    elif record.get("etag") and etag and etag.strip('"') != record["etag"]:
+        what = f"has ETag {etag.strip(chr(34))}, the manifest says {record['etag']}"
+    else:
+        return None
+    return (f"{record.get('path')}, listed in the manifest {manifest}, {what}: the data changed "
+            "since the manifest was written; re-run conveyor index to write it again")
+
+
 class ListFiles(BaseNode[dict]):
     """Yield one record per file matched by ``url``, sorted by path.
 
@@ -202,6 +292,14 @@ class ListFiles(BaseNode[dict]):
         where: text for error notes (the node and spec line): a listing that fails (no such
             bucket, no credentials, nothing matches) names the node it was for.
 
+        manifest: instead of ``url``, a manifest written by ``conveyor index`` (a path or a
+            URL), read with one request: its records also carry ``size``, ``etag`` (where
+            the listing gave them) and ``manifest``, so that readers can tell an object that
+            changed since from the one indexed.
+        share: ``share(make) -> listing``: who makes the listing (``make()``, the plain data
+            of ``listing()``) and hands it on; None lists here. ``graphs/`` gives one under
+            torch.distributed (rank 0 lists, the others read it from the store).
+
     Example:
         >>> node = ListFiles(url="examples/data/numbers/*.txt")
         >>> next(node)["index"]
@@ -214,14 +312,26 @@ class ListFiles(BaseNode[dict]):
     STATE_SHAPE = Fields({POS_KEY: Int(at_most=COUNT_KEY), COUNT_KEY: Int(), DIGEST_KEY: Str()},
                          optional=(COUNT_KEY, DIGEST_KEY))
     OP, UNIT, NAMES = "list_files", "file", "paths"  # how messages name the op and its items
+    SHAREABLE = True  # its listing may be made elsewhere (rank 0, the copies' parent) and handed on
 
-    def __init__(self, *, url: str, label: str | None = None, shuffle: bool = False, seed: int = 0,
-                 storage_options: dict[str, Any] | None = None, extensions: list[str] | None = None,
-                 where: str | None = None):
+    def __init__(self, *, url: str | None = None, label: str | None = None, shuffle: bool = False,
+                 seed: int = 0, storage_options: dict[str, Any] | None = None,
+                 extensions: list[str] | None = None, where: str | None = None,
+                 manifest: str | None = None, share: Share | None = None):
         super().__init__()
         if label not in LABEL_CHOICES:
             raise ValueError(f"{label=} must be one of {LABEL_CHOICES}")
-        self.url = url
+        if (url is None) == (manifest is None):
+            raise ValueError(f"give url or manifest, one of them (got {url=}, {manifest=})")
+        if manifest is not None and (label is not None or extensions is not None):
+            raise ValueError(f"a manifest ({manifest!r}) holds its labels and was filtered when written: "
+                             f"give label and extensions to conveyor index, not with manifest (got "
+                             f"{label=}, {extensions=})")
+        if share is not None and not callable(share):
+            raise ValueError(f"{share=} must be a callable share(make) -> listing, or None")
+        self.url = url if url is not None else manifest
+        self.manifest = manifest
+        self.share = share
         self.extensions = None if extensions is None else suffixes(extensions)
         self.label = label
         self.shuffle = shuffle
@@ -238,20 +348,54 @@ class ListFiles(BaseNode[dict]):
         self.epoch = epoch
 
     def records(self) -> list[dict]:
-        """The listing (made once, then kept: a listing of object storage costs requests)."""
+        """The listing (made once, then kept: a listing of object storage costs requests;
+        with ``share``, made by whoever ``share`` says and handed to the others)."""
         if self._records is None:
             try:
-                names, self._records = self._list()
+                listing = self.share(self.listing) if self.share is not None else self.listing()
+                self._adopt(listing)
             except SourceError as exc:
                 if self.where:
                     exc.add_note(f"in {self.where}")
                 raise
-            self._digest = _digest(names)
-        return self._records
+        return self._records  # type: ignore[return-value]
 
-    def _list(self) -> tuple[list[str], list[dict]]:
-        """(the sorted paths, their records); sets ``classes``."""
-        root, found = _glob(self.url, self.storage_options)
+    def listing(self) -> dict:
+        """The listing as plain data (JSON): ``{"paths", "labels", "classes"}`` and, from a
+        manifest, ``sizes``, ``etags`` and ``manifest``. Lists (or reads the manifest) each call."""
+        if self.manifest is not None:
+            return read_manifest(self.manifest, self.storage_options)
+        names, records = self._list()
+        out = {"paths": names, "labels": [r["label"] for r in records], "classes": self.classes}
+        if type(self)._list is not ListFiles._list:  # a listing of other records (list_lmdb's)
+            out["records"] = records
+        return out
+
+    def _adopt(self, listing: dict) -> None:
+        """Take ``listing`` (``listing()``'s plain data, perhaps made by another rank)."""
+        paths, labels = listing["paths"], listing["labels"]
+        if not paths or len(labels) != len(paths):
+            raise SourceError(f"{self.OP} {self.url!r}: a listing of {len(paths)} paths with "
+                              f"{len(labels)} labels")
+        self.classes = list(listing.get("classes", []))
+        self._digest = _digest(paths)
+        extra = [k for k in ("size", "etag") if listing.get(k + "s")]
+        self._records = listing.get("records") or [{"path": p, "label": labels[i], "index": i}
+                                                   for i, p in enumerate(paths)]
+        if listing.get("manifest"):
+            if listing.get("digest") not in (None, self._digest):
+                raise SourceError(f"manifest {listing['manifest']}: its digest {listing['digest']} is not "
+                                  f"that of its paths ({self._digest}): the file was edited or cut short; "
+                                  "re-run conveyor index")
+            for k in extra:
+                for r, v in zip(self._records, listing[k + "s"]):
+                    r[k] = v
+            for r in self._records:
+                r["manifest"] = listing["manifest"]
+
+    def _list(self, infos: dict[str, dict] | None = None) -> tuple[list[str], list[dict]]:
+        """(the sorted paths, their records); sets ``classes``; ``infos`` as ``Storage.glob``'s."""
+        root, found = _glob(self.url, self.storage_options, infos)
         paths = [p for p in found if not is_folder_marker(p)]  # markers: only for the class census
         if not paths:
             raise SourceError(f"list_files: no file matches {self.url!r} (check the path and the glob)")

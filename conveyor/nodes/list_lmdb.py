@@ -46,6 +46,7 @@ class ListLmdb(ListFiles):
     """
 
     OP, UNIT, NAMES = "list_lmdb", "key", "keys"
+    SHAREABLE = False  # a cursor over a local file: no requests to save, each copy reads its own
 
     def __init__(self, *, path: str, prefix: str | None = None, start: str | None = None,
                  stop: str | None = None, label: str | None = None, shuffle: bool = False, seed: int = 0):

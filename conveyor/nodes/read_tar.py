@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -48,6 +49,7 @@ from torchdata.nodes import BaseNode
 from conveyor.errors import ConveyorError, SampleError, SourceError
 from conveyor.nodes._tar import BLOCK, OpenTar, sample_problem
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
+from conveyor.nodes.list_files import changed_since_manifest
 from conveyor.storage import NOT_FOUND, RetryPolicy, Storage, classify, redact
 from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE
 
@@ -60,15 +62,23 @@ INDEX_NAME = "index.json"  # written by ``conveyor pack`` beside the shards
 class _Next:
     """The shard after the current one: its record, and its reader when opened ahead."""
 
-    __slots__ = ("before", "url", "index", "reader")
+    __slots__ = ("before", "url", "index", "reader", "record")
 
-    def __init__(self, before: dict, url: str, index: int | None, reader: Any):
+    def __init__(self, before: dict, url: str, index: int | None, reader: Any, record: dict | None = None):
         self.before, self.url, self.index, self.reader = before, url, index, reader
+        self.record = record or {}
 
 
 def _close_reader(fut: Any) -> None:
     if not fut.cancelled() and fut.exception() is None:
         fut.result().close()
+
+
+def _close_reader_now(reader: Any) -> None:
+    try:
+        reader.close()
+    except OSError:  # closing a reader of an object that changed: nothing more to say
+        pass
 
 
 class ReadTar(BaseNode[dict]):
@@ -126,6 +136,10 @@ class ReadTar(BaseNode[dict]):
         self.where = where or "read_tar"
         self.storage = Storage(storage_options=storage_options, policy=policy, cache=cache,
                                cache_size=cache_size, threads=max(2, read_ahead + 1))
+        if self.storage.cache is not None and self.storage.cache.max_bytes < block_size:
+            raise SourceError(f"cache folder {self.storage.cache.dir}: its limit, cache_size {cache_size!r}, "
+                              f"cannot hold one block of a shard (block_size, {block_size} bytes): raise "
+                              "cache_size, lower block_size, or leave cache out")
         self.fields = [tuple(f.lower().split(";")) for f in fields or ()]
         self.skipped_shards = 0
         self.skipped_samples = 0
@@ -219,7 +233,8 @@ class ReadTar(BaseNode[dict]):
         reader = (self.storage.open_sequential_async(url, block_size=self.block_size,
                                                      read_ahead=self.read_ahead)
                   if prefetch else None)
-        self._next = _Next(before, url, index if isinstance(index, int) else None, reader)
+        self._next = _Next(before, url, index if isinstance(index, int) else None, reader,
+                           record if isinstance(record, dict) else {})
 
     def _open_next(self, offset: int = 0, pos: int = 0) -> None:
         if self._next is None and not self._source_done:
@@ -239,8 +254,18 @@ class ReadTar(BaseNode[dict]):
                                                       block_size=self.block_size,
                                                       read_ahead=self.read_ahead)
         except SampleError as exc:
+            changed = changed_since_manifest(nxt.record, None, None, gone=exc.__cause__ is not None and classify(exc.__cause__) == NOT_FOUND)
+            if changed:
+                raise SourceError(changed) from exc
             self._failed(exc, nxt.url)
             return
+        version = getattr(reader, "version", None)
+        if version is None and hasattr(reader, "fileno"):  # a local file
+            version = (os.fstat(reader.fileno()).st_size, None)
+        changed = changed_since_manifest(nxt.record, *(version or (None, None)))
+        if changed:
+            _close_reader_now(reader)
+            raise SourceError(changed)
         self._shard = OpenTar(reader, nxt.url, offset)
 
     def _failed(self, exc: SampleError, url: str) -> None:

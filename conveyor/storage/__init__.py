@@ -25,7 +25,8 @@ any text and replaces the secret values it knows (from the options and the AWS e
 variables) and URL passwords with ``***``; every message built here goes through it.
 
 An optional ``LocalCache`` keeps remote objects (or ranges) in a local folder, bounded in
-bytes, least recently used evicted first. Objects are assumed immutable while cached.
+bytes, least recently used evicted first, shared by several processes (file locks), keyed by
+each object's size and ETag as well as its URL: an object replaced under its name is read anew.
 
 This package's face is this module; its parts, bottom up: ``_errors`` (error kinds,
 descriptions, redaction), ``_policy`` (retry policy, counters, sizes), ``_filesystems`` (URL to
@@ -45,7 +46,7 @@ from conveyor.storage._errors import (DENIED, NO_BUCKET, NOT_FOUND, PERMANENT, T
 from conveyor.storage._filesystems import filesystem, is_local, known_options, protocol_of, unknown_options
 from conveyor.storage._listing import fixed_part, is_folder_marker, single_slashes
 from conveyor.storage._policy import RetryPolicy, StorageStats, parse_size
-from conveyor.storage._storage import Storage, read_url
+from conveyor.storage._storage import Storage, read_url, version_of
 
 __all__ = [
     "DENIED",
@@ -73,4 +74,5 @@ __all__ = [
     "secret_values",
     "single_slashes",
     "unknown_options",
+    "version_of",
 ]

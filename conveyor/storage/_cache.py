@@ -1,8 +1,31 @@
 """``LocalCache``: remote objects (or byte ranges of them) kept in a local folder, bounded in
-bytes, least recently used evicted first. Objects are assumed immutable while cached."""
+bytes, least recently used evicted first, shared safely by several processes.
+
+Keys name a version of an object: ``Storage`` keys each entry by the URL, the object's size and
+its ETag (and the byte range), so that an object re-packed under the same name is a new key and
+its old bytes are never served (they age out as any unused entry does).
+
+Several processes (the ranks of a node, their worker copies) may share one folder:
+
+* an entry is written to a temporary file, then renamed into place: a reader never sees half
+  of one;
+* a reader holds a shared ``flock`` on the entry while it reads it; eviction takes an exclusive
+  one without waiting and leaves an entry it cannot lock (being read) for later: an entry some
+  process has open is never removed, and nobody ever waits on another process's read;
+* the folder's total is kept in ``.size`` and eviction runs under an exclusive ``flock`` on
+  ``.lock``, held only while the folder is scanned and the oldest entries removed;
+* used entries get their modification time refreshed (``atime`` is often not kept: noatime,
+  relatime mounts), and the oldest go first.
+
+A folder that cannot be made is a ``SourceError`` naming it; one that cannot be written any
+more (a full disk, a folder removed by a tmp cleaner, a read-only mount) is a warning, once,
+naming it, and the reads go on uncached: the cache only saves requests.
+"""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import logging
 import os
@@ -12,16 +35,21 @@ from conveyor.errors import SourceError
 
 log = logging.getLogger("conveyor.storage")  # the package's name: its modules are private
 
+_LOCK, _SIZE = ".lock", ".size"
+
+
+def _write_file(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
 
 class LocalCache:
     """Remote objects (or byte ranges of them) kept in a local folder, at most ``max_bytes``.
 
-    Files are written whole then renamed into place, so that a reader never sees half a file
-    (several processes may share the folder). Reading a file marks it used; when the folder
-    grows past ``max_bytes`` the least recently used files go first. A folder that cannot be
-    made is a ``SourceError`` naming it; one that cannot be written any more (a full disk, a
-    folder removed by a tmp cleaner, a read-only mount) is a warning, once, and the reads go
-    on uncached: the cache only saves requests.
+    Args:
+        directory: the folder (made if missing); several processes may share it.
+        max_bytes: the bound of the folder's entries, in bytes; eviction brings the total
+            back under 90 % of it.
     """
 
     def __init__(self, directory: str, max_bytes: int):
@@ -34,67 +62,116 @@ class LocalCache:
         except OSError as exc:
             raise SourceError(f"cache folder {self.dir}: cannot make it ({exc.strerror or exc}); "
                               "give a writable folder as cache, or leave cache out") from exc
-        self._warned = False
+        self._warned: set[str] = set()
         self._lock = threading.Lock()
-        self._total = sum(e.stat().st_size for e in os.scandir(self.dir)
-                          if e.is_file() and not e.name.startswith("."))
+        self.evicted = 0  # entries this process removed
 
     def _path(self, key: str) -> str:
         return os.path.join(self.dir, hashlib.sha256(key.encode()).hexdigest()[:40])
 
+    def _warn_once(self, what: str, text: str, *args: object) -> None:
+        with self._lock:
+            first = what not in self._warned
+            self._warned.add(what)
+        if first:
+            log.warning(text, *args)
+
     def get(self, key: str) -> bytes | None:
+        """The entry's bytes, or None (not cached, evicted meanwhile, or being evicted now)."""
         path = self._path(key)
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            f = open(path, "rb")
         except OSError:  # not cached, or evicted meanwhile
             return None
+        with f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:  # being evicted this instant: read it from the source
+                return None
+            data = f.read()  # the lock goes with the file
         try:
             os.utime(path)  # used: evicted last
         except OSError:  # a read-only cache (a warmed one shared read-only), or evicted since
             pass
         return data
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes) -> bool:
+        """Keep ``data`` under ``key``; whether it was kept (an entry larger than the bound, or
+        a folder that cannot be written, is not: a warning says so, once)."""
         if len(data) > self.max_bytes:
-            return
+            self._warn_once("large", "cache folder %s: an entry of %d bytes is larger than its limit "
+                            "(%d bytes) and is not kept; raise cache_size", self.dir, len(data), self.max_bytes)
+            return False
         path = self._path(key)
         tmp = os.path.join(self.dir, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
+            _write_file(tmp, data)
             os.replace(tmp, path)
+            self._account(len(data))
         except OSError as exc:  # the data was read: serve it uncached
             try:
                 os.remove(tmp)
             except OSError:  # never made, or the folder is gone
                 pass
-            with self._lock:
-                warn, self._warned = not self._warned, True
-            if warn:
-                log.warning("cache folder %s cannot be written (%s); reading on without caching "
-                            "what it cannot keep", self.dir, exc.strerror or exc)
-            return
-        with self._lock:
-            self._total += len(data)
-            if self._total > self.max_bytes:
-                self._evict()
+            full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            self._warn_once("write", "cache folder %s cannot be written%s (%s); reading on without "
+                            "caching what it cannot keep", self.dir, full, exc.strerror or exc)
+            return False
+        return True
 
-    def _evict(self) -> None:
-        entries = []
+    def _account(self, added: int) -> None:
+        """Add ``added`` bytes to the folder's total; evict when it passes the bound."""
+        with open(os.path.join(self.dir, _LOCK), "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # held for a scan at most, never for a read
+            size_path = os.path.join(self.dir, _SIZE)
+            try:
+                with open(size_path, "rb") as f:
+                    total = int(f.read() or b"0") + added
+            except (OSError, ValueError):  # the first entry, or a .size lost: count the folder
+                total = sum(size for _, size, _ in self._entries())
+            if total > self.max_bytes:
+                total = self._evict()
+            tmp = f"{size_path}.{os.getpid()}.{threading.get_ident()}"
+            _write_file(tmp, str(total).encode())
+            os.replace(tmp, size_path)
+
+    def _entries(self) -> list[tuple[float, int, str]]:
+        out = []
         for e in os.scandir(self.dir):
-            if e.is_file() and not e.name.startswith("."):
-                st = e.stat()
-                entries.append((st.st_mtime, st.st_size, e.path))
-        entries.sort()
+            if not e.name.startswith("."):
+                try:
+                    st = e.stat()
+                except OSError:  # removed meanwhile
+                    continue
+                out.append((st.st_mtime, st.st_size, e.path))
+        return out
+
+    def _evict(self) -> int:
+        """Remove the least recently used entries that nobody reads until the total is under
+        90 % of the bound (called under ``.lock``); the total left."""
+        entries = sorted(self._entries())
         total = sum(size for _, size, _ in entries)
         for _, size, path in entries:
             if total <= self.max_bytes * 0.9:
                 break
             try:
-                os.remove(path)
+                f = open(path, "rb")
             except OSError:  # removed by another process
-                pass
+                total -= size
+                continue
+            with f:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:  # some process reads it: never removed under it
+                    continue
+                try:
+                    os.remove(path)
+                except OSError:  # removed by another process
+                    pass
             total -= size
-        self._total = total
+            self.evicted += 1
+        return total
 
+    def total(self) -> int:
+        """The bytes of the folder's entries now (a scan)."""
+        return sum(size for _, size, _ in self._entries())

@@ -143,7 +143,8 @@ def glob_root(storage: _Lister, url: str) -> str:
     return _full_url(fs, root.rstrip("/"), url)
 
 
-def glob(storage: _Lister, url: str, *, folder_markers: bool = False) -> list[str]:
+def glob(storage: _Lister, url: str, *, folder_markers: bool = False,
+         infos: dict[str, dict] | None = None) -> list[str]:
     """Files matching ``url`` (a glob: ``*``, ``?``, ``[...]``, ``**``), sorted, as full URLs
     (plain paths when local).
 
@@ -157,6 +158,9 @@ def glob(storage: _Lister, url: str, *, folder_markers: bool = False) -> list[st
     one level below it (``root/*.tar``) lists only that folder's own entries. Unlike
     fsspec's ``glob``, a folder that fails to list is an error (retried when transient),
     never silently left out.
+
+    ``infos``, when given, is filled with what the listing said of each match (full URL to
+    fsspec's info: ``size``, and on S3 ``ETag``), at no extra request.
 
     Raises:
         SourceError: nothing matches (naming the URL, and a missing bucket or folder).
@@ -172,6 +176,8 @@ def glob(storage: _Lister, url: str, *, folder_markers: bool = False) -> list[st
                 raise SourceError(str(exc)) from exc.__cause__
             info = {"type": "directory"}  # nothing there: said below
         files = [fixed] if info.get("type") != "directory" else []
+        if files and infos is not None:
+            infos[_full_url(fs, fixed, url)] = info
     else:
         root = fixed.rsplit("/", 1)[0] if "/" in fixed else ""
         root_url = url[:len(url) - len(path)] + root if not is_local(url) else root
@@ -201,6 +207,8 @@ def glob(storage: _Lister, url: str, *, folder_markers: bool = False) -> list[st
             files = sorted(p for p, info in found.items()
                            if info.get("type") != "directory" and pattern.match(p)
                            and (folder_markers or not is_folder_marker(p)))
+            if infos is not None:
+                infos.update((_full_url(fs, p, url), found[p]) for p in files)
     if any(not is_folder_marker(p) for p in files):
         return [_full_url(fs, p, url) for p in files]
     # the folder the pattern lists from (a URL without wildcards: that URL), never cut

@@ -15,13 +15,26 @@ from conveyor.errors import SampleError
 from conveyor.storage._errors import redact
 
 
+def version_of(info: dict) -> tuple[int | None, str | None]:
+    """(size, version tag) from an fsspec ``info``: S3's ETag (quotes stripped), else another
+    filesystem's etag, hash or modification time; None where it gives none. Cache entries
+    are keyed by it, and a manifest's records checked against it."""
+    size = info.get("size")
+    tag = next((info[k] for k in ("ETag", "etag", "md5Hash", "LastModified", "mtime", "last_modified")
+                if info.get(k)), None)
+    return (int(size) if size is not None else None, str(tag).strip('"') if tag is not None else None)
+
+
 class _Reads(Protocol):
     """What a reader asks of its ``Storage``: ranged reads, calls (the size) and the options
     (to redact a URL in a message)."""
 
     options: dict[str, Any]
 
-    def submit(self, url: str, start: int | None = None, end: int | None = None) -> cf.Future: ...
+    cache: Any
+
+    def submit(self, url: str, start: int | None = None, end: int | None = None,
+               version: tuple[int | None, str | None] | None = None) -> cf.Future: ...
 
     def submit_call(self, url: str, sync_name: str, *args: Any, name: str | None = None,
                     timeout: float | None = -1.0, **kwargs: Any) -> cf.Future: ...
@@ -33,8 +46,9 @@ class _BlockReader:
     """Sequential reads of a remote object in aligned blocks, the next ones read ahead.
 
     Block ``k`` is the request for bytes ``[k*B, (k+1)*B)`` (the server answers the last one
-    short). The object's size and the first block are requested together, so opening costs
-    one round trip.
+    short). The object's info (size, ETag: ``version``) and the first block are requested
+    together, so opening costs one round trip; with a cache, the info first, as the blocks'
+    cache entries are keyed by it.
     """
 
     def __init__(self, storage: _Reads, url: str, *, offset: int, block_size: int, read_ahead: int):
@@ -49,10 +63,14 @@ class _BlockReader:
         self._buf_start = 0
         self._pending: dict[int, cf.Future] = {}
         first = offset - offset % block_size
-        size = storage.submit_call(url, "size")
-        self._pending[first] = storage.submit(url, first, first + block_size)
+        info = storage.submit_call(url, "info")
+        self.version: tuple[int | None, str | None] | None = None
         try:
-            self.size = int(size.result())
+            if getattr(storage, "cache", None) is not None:
+                self.version = version_of(info.result())
+            self._pending[first] = storage.submit(url, first, first + block_size, self.version)
+            self.version = version_of(info.result())
+            self.size = int(self.version[0]) if self.version[0] is not None else 0
         except BaseException:
             self.close()
             raise
@@ -78,13 +96,13 @@ class _BlockReader:
         for i in range(self._ahead + 1):
             s = start + i * self._bs
             if s < self.size and s not in self._pending and s >= self._buf_start + len(self._buf):
-                self._pending[s] = self._st.submit(self.url, s, s + self._bs)
+                self._pending[s] = self._st.submit(self.url, s, s + self._bs, self.version)
                 self._requested_to = max(self._requested_to, min(s + self._bs, self.size))
 
     def _block(self, start: int) -> memoryview:
         self._schedule(start)
         if start not in self._pending:  # read before (the buffer moved past it): read again
-            self._pending[start] = self._st.submit(self.url, start, start + self._bs)
+            self._pending[start] = self._st.submit(self.url, start, start + self._bs, self.version)
         for s in [s for s in self._pending if s < start]:  # a seek jumped past them
             self._pending.pop(s).cancel()
         return memoryview(self._pending.pop(start).result())
@@ -127,7 +145,8 @@ class _RangeReader(io.RawIOBase):
         super().__init__()
         self.url = url
         self._st = storage
-        self.size = storage.size(url)
+        self.version = version_of(storage.submit_call(url, "info").result())
+        self.size = int(self.version[0] or 0)
         self._pos = 0
 
     def readable(self) -> bool:
@@ -150,7 +169,7 @@ class _RangeReader(io.RawIOBase):
         end = self.size if n is None or n < 0 else min(self.size, self._pos + n)
         if end <= self._pos:
             return b""
-        futures = [self._st.submit(self.url, s, min(s + self.CHUNK, end))
+        futures = [self._st.submit(self.url, s, min(s + self.CHUNK, end), self.version)
                    for s in range(self._pos, end, self.CHUNK)]
         try:
             data = b"".join(f.result() for f in futures) if len(futures) > 1 else futures[0].result()

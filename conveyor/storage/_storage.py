@@ -27,7 +27,7 @@ from conveyor.storage._errors import (DENIED, NO_BUCKET, NOT_FOUND, TRANSIENT, c
                                       no_credentials, redact)
 from conveyor.storage._filesystems import filesystem, is_local, protocol_of
 from conveyor.storage._policy import RetryPolicy, StorageStats, parse_size
-from conveyor.storage._readers import _BlockReader, _RangeReader
+from conveyor.storage._readers import _BlockReader, _RangeReader, version_of
 
 log = logging.getLogger("conveyor.storage")  # the package's name: its modules are private
 
@@ -49,7 +49,8 @@ class Storage:
     Args:
         storage_options: fsspec options (endpoint_url, key, secret, ...). Never logged.
         policy: the retry policy.
-        cache: a local folder for a ``LocalCache`` of remote reads, or None.
+        cache: a local folder for a ``LocalCache`` of remote reads (keyed by URL, size and ETag),
+            or None.
         cache_size: its bound, e.g. ``"10GB"``.
         threads: size of the thread pool used for synchronous filesystems.
     """
@@ -191,36 +192,64 @@ class Storage:
         return self.submit_call(url, sync_name, *args, name=name, timeout=timeout, **kwargs).result()
 
     # -- reads
-    def submit(self, url: str, start: int | None = None, end: int | None = None) -> cf.Future:
-        """Start reading ``url`` (bytes ``[start, end)``); a future of the bytes, or of the error."""
-        key = f"{url}|{start}|{end}"
-        if self.cache is not None:
-            data = self.cache.get(key)
-            if data is not None:
-                self.stats.add("cache_hits")
-                done: cf.Future = cf.Future()
-                done.set_result(data)
-                return done
+    def submit(self, url: str, start: int | None = None, end: int | None = None,
+               version: tuple[int | None, str | None] | None = None) -> cf.Future:
+        """Start reading ``url`` (bytes ``[start, end)``); a future of the bytes, or of the error.
+
+        With a cache, a remote object's entries are keyed by its ``version`` (size, ETag) as well
+        as the URL and range, so that an object replaced under the same name is read anew: the
+        version given (a manifest's), else asked of the server first (one HEAD request)."""
         fs, path = self.resolve(url)
+        cached = self.cache is not None and not is_local(url)
         if getattr(fs, "async_impl", False):
-            return asyncio.run_coroutine_threadsafe(self._read_async(fs, url, path, start, end, key),
-                                                    fs.loop)
-        return self._pool_get().submit(self._read_sync, fs, url, path, start, end, key)
+            read = self._cached_async if cached else self._read_async
+            return asyncio.run_coroutine_threadsafe(read(fs, url, path, start, end, version), fs.loop)
+        read_sync = self._cached_sync if cached else self._read_sync
+        return self._pool_get().submit(read_sync, fs, url, path, start, end, version)
+
+    @staticmethod
+    def _key(url: str, version: tuple[int | None, str | None], start: int | None, end: int | None) -> str:
+        return f"{url}|{version[0]}|{version[1]}|{start}|{end}"
 
     async def _read_async(self, fs: Any, url: str, path: str, start: int | None, end: int | None,
-                          key: str) -> bytes:
+                          version: Any = None) -> bytes:
         data = await self._run_async(url, lambda: fs._cat_file(path, start=start, end=end))
         self.stats.add("bytes", len(data))
-        if self.cache is not None:
-            await asyncio.get_running_loop().run_in_executor(None, self.cache.put, key, data)
+        return data
+
+    async def _cached_async(self, fs: Any, url: str, path: str, start: int | None, end: int | None,
+                            version: tuple[int | None, str | None] | None) -> bytes:
+        assert self.cache is not None
+        if version is None:
+            version = version_of(await self._run_async(url, lambda: fs._info(path)))
+        key = self._key(url, version, start, end)
+        loop = asyncio.get_running_loop()
+        data = await loop.run_in_executor(None, self.cache.get, key)
+        if data is not None:
+            self.stats.add("cache_hits")
+            return data
+        data = await self._read_async(fs, url, path, start, end)
+        await loop.run_in_executor(None, self.cache.put, key, data)
         return data
 
     def _read_sync(self, fs: Any, url: str, path: str, start: int | None, end: int | None,
-                   key: str) -> bytes:
+                   version: Any = None) -> bytes:
         data = self._run_sync(url, lambda: fs.cat_file(path, start=start, end=end))
         self.stats.add("bytes", len(data))
-        if self.cache is not None and not is_local(url):
-            self.cache.put(key, data)
+        return data
+
+    def _cached_sync(self, fs: Any, url: str, path: str, start: int | None, end: int | None,
+                     version: tuple[int | None, str | None] | None) -> bytes:
+        assert self.cache is not None
+        if version is None:
+            version = version_of(self._run_sync(url, lambda: fs.info(path)))
+        key = self._key(url, version, start, end)
+        data = self.cache.get(key)
+        if data is not None:
+            self.stats.add("cache_hits")
+            return data
+        data = self._read_sync(fs, url, path, start, end)
+        self.cache.put(key, data)
         return data
 
     def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -230,13 +259,17 @@ class Storage:
     def size(self, url: str) -> int:
         return int(self.call(url, "size"))
 
+    def version(self, url: str) -> tuple[int | None, str | None]:
+        """(size, ETag) of ``url``: one HEAD request (``version_of``)."""
+        return version_of(self.call(url, "info"))
+
     # -- listings and readers
     def glob_root(self, url: str) -> str:
         """The part of the glob ``url`` before its first wildcard, up to a ``/``, in the form
         ``glob`` gives its matches: every match starts with it and a ``/``."""
         return _listing.glob_root(self, url)
 
-    def glob(self, url: str, *, folder_markers: bool = False) -> list[str]:
+    def glob(self, url: str, *, folder_markers: bool = False, infos: dict[str, dict] | None = None) -> list[str]:
         """Files matching ``url`` (a glob: ``*``, ``?``, ``[...]``, ``**``), sorted, as full URLs
         (plain paths when local); with ``folder_markers``, folder markers too, ending in ``/``.
         See ``conveyor.storage._listing.glob``.
@@ -244,7 +277,7 @@ class Storage:
         Raises:
             SourceError: nothing matches (naming the URL, and a missing bucket or folder).
         """
-        return _listing.glob(self, url, folder_markers=folder_markers)
+        return _listing.glob(self, url, folder_markers=folder_markers, infos=infos)
 
     def open_sequential(self, url: str, *, offset: int = 0, block_size: int = 8 << 20,
                         read_ahead: int = 2) -> Any:

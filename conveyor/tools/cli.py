@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 from conveyor.errors import ConveyorError, SpecErrors
 from conveyor.pack import add_parser as add_pack_parser
-from conveyor.tools import bench_commands, bundled_specs, check, reference, run, show
+from conveyor.tools import bench_commands, bundled_specs, check, index, reference, run, show
 from conveyor.tools._args import INTERRUPTED, UsageError
 from conveyor.tools.measure import batch_len
 
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_commands.add_parsers(sub)  # bench, tune
     show.add_parsers(sub)  # validate, show
     reference.add_parser(sub)  # conveyor ops [OP]: the reference, from the op registry
+    index.add_parser(sub)  # conveyor index URL: a manifest for list_files
     add_pack_parser(sub)  # conveyor pack SRC DST (conveyor/pack/)
     bundled_specs.add_parsers(sub)  # conveyor specs, conveyor init NAME [DST]
     return parser
