@@ -366,7 +366,7 @@ class ListFiles(BaseNode[dict]):
         if self.manifest is not None:
             return read_manifest(self.manifest, self.storage_options)
         names, records = self._list()
-        out = {"paths": names, "labels": [r["label"] for r in records], "classes": self.classes}
+        out = {"paths": names, "labels": [r.get("label", -1) for r in records], "classes": self.classes}
         if type(self)._list is not ListFiles._list:  # a listing of other records (list_lmdb's)
             out["records"] = records
         return out
@@ -374,7 +374,7 @@ class ListFiles(BaseNode[dict]):
     def _adopt(self, listing: dict) -> None:
         """Take ``listing`` (``listing()``'s plain data, perhaps made by another rank)."""
         paths, labels = listing["paths"], listing["labels"]
-        if not paths or len(labels) != len(paths):
+        if not paths or ("records" not in listing and len(labels) != len(paths)):
             raise SourceError(f"{self.OP} {self.url!r}: a listing of {len(paths)} paths with "
                               f"{len(labels)} labels")
         self.classes = list(listing.get("classes", []))
