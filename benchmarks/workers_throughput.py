@@ -2,6 +2,7 @@
 2 worker threads, on the bundled text sample with a pure-Python tokenizer.
 
     python benchmarks/workers_throughput.py            # ~2.5 minutes on 2 cores
+    python benchmarks/workers_throughput.py --rounds 1 --epochs 1 --records 200 --mp-context fork  # smoke test
 
 Each configuration: one warm-up epoch (worker start-up is reported separately), then the
 records/s of ``--epochs`` epochs; configurations alternate, ``--rounds`` times, medians.
@@ -75,12 +76,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--records", type=int, default=0, help="only the first N records of each file (0: all)")
+    ap.add_argument("--mp-context", default=None, help="the worker processes' start method (default: spawn)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        root = ROOT / "examples/data/text-sample"
+        if args.records > 0:
+            part = Path(tmp, "text")
+            part.mkdir()
+            for f in sorted(root.glob("*.jsonl")):
+                with open(f, encoding="utf-8") as src:
+                    (part / f.name).write_text("".join(line for _, line in zip(range(args.records), src)),
+                                               encoding="utf-8")
+            root = part
         specs = {}
         for name, workers in CONFIGS.items():
             path = Path(tmp, f"{len(specs)}.yaml")
-            path.write_text(SPEC.format(root=ROOT / "examples/data/text-sample", workers=workers))
+            if args.mp_context and "method: process" in workers:
+                workers = workers.replace("method: process", f"method: process, mp_context: {args.mp_context}")
+            path.write_text(SPEC.format(root=root, workers=workers))
             specs[name] = path
         rates: dict[str, list[float]] = {n: [] for n in CONFIGS}
         firsts: dict[str, list[float]] = {n: [] for n in CONFIGS}

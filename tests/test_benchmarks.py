@@ -39,7 +39,7 @@ RUNS = {
     "imagenet_throughput --targets": (["--targets", "--quick"], "**Targets**"),
     "decode_micro": (["--repeats", "1", "--count", "4", "--rounds", "1", "--passes", "1"],
                      "median speed-up of 2 threads over 1"),
-    "workers_throughput": (["--rounds", "1", "--epochs", "1"], "|---"),
+    "workers_throughput": (["--rounds", "1", "--epochs", "1", "--records", "200", "--mp-context", "fork"], "|---"),
     "pack_resize": (["--count", "8", "--rounds", "1", "--resize", "160"], "|---"),
     "elastic_state": (["--n", "2000", "--old", "2", "--new", "3", "--steps", "2"], "state of a new rank"),
     "s3_stalls": (["--copies", "2", "--window", "64", "--epochs", "1"], "window-boundary median"),

@@ -16,6 +16,7 @@ layer fails the test, so that a new one is placed on purpose.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,9 +50,10 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache  # one walk a run: _where and _being_fixed ask for it at every import edge
 def all_modules() -> dict[str, Path]:
     """Every module of conveyor/ by its dotted name, and every package folder (one without an
-    ``__init__.py`` too: it is imported as a namespace package)."""
+    ``__init__.py`` too: it is imported as a namespace package). Read it, never change it."""
     found = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
     for path in list(found.values()):
         for folder in path.parents:

@@ -129,12 +129,11 @@ def test_tune_svg_shows_the_whole_verdict():
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, forker):
     """``conveyor bench specs/numbers.yaml --report`` run once: (html path, stdout, stderr)."""
     path = tmp_path_factory.mktemp("report") / "report.html"
-    proc = subprocess.run([sys.executable, "-m", "conveyor", "bench", "specs/numbers.yaml", "--seconds", "1.5",
-                           "--warmup", "0.2", "--report", str(path)], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    proc = forker.run([sys.executable, "-m", "conveyor", "bench", "specs/numbers.yaml", "--seconds", "1.5",
+                       "--warmup", "0.2", "--report", str(path)], timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     return path, proc.stdout, proc.stderr
 

@@ -4,7 +4,6 @@ overrides (``--set decode.workers=4``, ``load_graph(path, **{"batch.size": 4})``
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -70,11 +69,10 @@ def test_an_unset_env_var_without_default_is_a_spec_error_naming_it(write_spec, 
     assert "expected a positive int, got string 'x'" in text or "expected an int, got string 'x'" in text
 
 
-def test_bundled_specs_run_from_any_directory(tmp_path):
+def test_bundled_specs_run_from_any_directory(tmp_path, forker):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "conveyor", "run", str(ROOT / "specs/numbers.yaml"), "-q",
-                          "--set", "batch_size=10"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=60)
+    out = forker.run([sys.executable, "-m", "conveyor", "run", str(ROOT / "specs/numbers.yaml"), "-q",
+                      "--set", "batch_size=10"], cwd=tmp_path, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "done: 4 batches, 40 samples" in out.stdout
 

@@ -716,14 +716,13 @@ def test_text_ops_spec_errors(write_spec, node, param, message):
     assert errors and errors[0].param == param and message in errors[0].message, info.value
 
 
-def test_make_text_sample_script_writes_a_long_tailed_corpus(tmp_path):
-    import subprocess
+def test_make_text_sample_script_writes_a_long_tailed_corpus(tmp_path, forker):
     import sys
 
     out = tmp_path / "sample"
-    res = subprocess.run([sys.executable, str(ROOT / "examples" / "data" / "make_text_sample.py"),
-                          "--out", str(out), "--records", "400", "--files", "2", "--vocab-size", "100"],
-                         capture_output=True, text=True, timeout=120, check=True)
+    res = forker.run([sys.executable, str(ROOT / "examples" / "data" / "make_text_sample.py"),
+                      "--out", str(out), "--records", "400", "--files", "2", "--vocab-size", "100"], timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
     assert "records in 2 files" in res.stdout
     parts = sorted(out.glob("part-*.jsonl"))
     assert len(parts) == 2
