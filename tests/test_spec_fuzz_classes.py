@@ -134,3 +134,12 @@ def test_out_of_memory_in_a_run_is_a_clear_error(monkeypatch, capsys):
     rc = cli.main(["run", str(REPO / "specs/numbers.yaml")])
     err = capsys.readouterr().err
     assert rc == 1 and "out of memory" in err and "in node 'batch'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("spec, key, value, words", [
+    ("pretrain.yaml", "seq_len", 10 ** 30, "expected at most 16777216"),
+    ("imagenet-procs.yaml", "workers", 2 ** 40, "copies must be at most 1024"),
+])
+def test_huge_token_rows_and_worker_copies_are_spec_errors_naming_the_limit(spec, key, value, words):
+    errs = _errors(str(REPO / "specs" / spec), {key: value})
+    assert any(words in e.message for e in errs), [str(e) for e in errs]
