@@ -35,15 +35,16 @@ only the row group it stopped in (never the rows of the groups before it).
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Iterator
 
 from torchdata.nodes import BaseNode
 
-from conveyor.errors import SampleError, SourceError
+from conveyor.errors import SampleError, SourceError, StateError
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 from conveyor.storage import RetryPolicy, Storage
-from conveyor.nodes.state_shape import Bool, Child, Fields, Int, LEDGER_SHAPE, MapOf, Null, Str
+from conveyor.nodes.state_shape import Bool, Child, Fields, Int, LEDGER_SHAPE, Str
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class ReadParquet(BaseNode[dict]):
     SCHEMA_FROM_KEY = "schema_from"
     STATE_SHAPE = Fields({SOURCE_KEY: Child(), OPEN_KEY: Bool(), GROUP_KEY: Int(), ROW_KEY: Int(), SKIPPED_KEY: Int(),
                           SKIPPED_FILES_KEY: Int(), FILES_KEY: Int(), LEDGER_KEY: LEDGER_SHAPE,
-                          SCHEMA_KEY: Null(MapOf(Str())), SCHEMA_FROM_KEY: Null(Str())},
+                          SCHEMA_KEY: Str(), SCHEMA_FROM_KEY: Str()},
                          optional=(LEDGER_KEY, SCHEMA_KEY, SCHEMA_FROM_KEY))
 
     def __init__(self, source: BaseNode, *, columns: list[str] | None = None, batch_rows: int = 1024,
@@ -312,8 +313,15 @@ class ReadParquet(BaseNode[dict]):
         if self.given_schema is not None:
             self._schema, self._schema_from = self.given_schema, None
         else:  # a state of an earlier release has none: the next file's is the one expected
-            self._schema = initial_state.get(self.SCHEMA_KEY)
-            self._schema_from = initial_state.get(self.SCHEMA_FROM_KEY)
+            text = initial_state.get(self.SCHEMA_KEY) or ""
+            try:
+                self._schema = json.loads(text) if text else None
+            except ValueError as exc:
+                raise StateError(f"{self.where}: the state's '{self.SCHEMA_KEY}' is not the JSON of a "
+                                 f"schema: {text[:80]!r}") from exc
+            if self._schema is not None and not isinstance(self._schema, dict):
+                raise StateError(f"{self.where}: the state's '{self.SCHEMA_KEY}' is not a schema: {text[:80]!r}")
+            self._schema_from = initial_state.get(self.SCHEMA_FROM_KEY) or None
         self._group, self._row = initial_state[self.GROUP_KEY], initial_state[self.ROW_KEY]
         if initial_state[self.OPEN_KEY]:
             if not self._open(next(self.source)):
@@ -373,5 +381,6 @@ class ReadParquet(BaseNode[dict]):
                 self.GROUP_KEY: self._group, self.ROW_KEY: self._row, self.SKIPPED_KEY: self.skipped,
                 self.SKIPPED_FILES_KEY: self.skipped_files, self.FILES_KEY: self.files,
                 LEDGER_KEY: self.ledger.state(),
-                self.SCHEMA_KEY: dict(self._schema) if self._schema is not None else None,
-                self.SCHEMA_FROM_KEY: self._schema_from}
+                # the expected schema as JSON text ("" before the first file), its file ("" if given)
+                self.SCHEMA_KEY: json.dumps(self._schema) if self._schema is not None else "",
+                self.SCHEMA_FROM_KEY: self._schema_from or ""}
