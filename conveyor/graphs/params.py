@@ -214,7 +214,7 @@ def apply_overrides(
     merged = dict(declared)
     errors: list[SpecError] = []
     for key, value in overrides.items():
-        shape = _shape_problem(value)
+        shape = shape_problem(value)
         if shape:
             errors.append(SpecError(f"override {shape}", path, line, col, param=key))
             continue
@@ -234,7 +234,7 @@ def apply_overrides(
     return merged, errors
 
 
-def _shape_problem(value: Any) -> str | None:
+def shape_problem(value: Any) -> str | None:
     """What makes an override's value unbounded, if anything: a list or mapping inside itself
     (``--set 'weights=&a [*a]'``), nesting deeper than ``MAX_DEPTH``, or more than ``MAX_VALUES``
     values with aliases expanded (the bounds a spec file has). Walked without recursion and
