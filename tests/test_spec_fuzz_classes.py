@@ -143,3 +143,25 @@ def test_out_of_memory_in_a_run_is_a_clear_error(monkeypatch, capsys):
 def test_huge_token_rows_and_worker_copies_are_spec_errors_naming_the_limit(spec, key, value, words):
     errs = _errors(str(REPO / "specs" / spec), {key: value})
     assert any(words in e.message for e in errs), [str(e) for e in errs]
+
+
+def test_a_recursive_node_param_override_is_a_spec_error():
+    (err,) = _errors(str(REPO / "specs/numbers.yaml"), parse_set(["batch.size=&a [*a]"]))
+    assert err.node == "batch" and err.param == "size" and "contains itself" in err.message
+
+
+def test_a_collate_before_the_batch_of_synthetic_records_is_a_spec_error():
+    errs = _errors(_moved("synthetic.yaml", ["fake", "collate", "shard", "batch", "out"]))
+    assert any(e.node == "collate" and "nothing before it makes batches" in e.message for e in errs)
+
+
+def test_collate_and_pad_collate_name_what_they_got_as_sample_errors():
+    from torchdata.nodes import IterableWrapper
+
+    from conveyor.errors import SampleError
+    from conveyor.nodes import Collate, PadCollate
+
+    with pytest.raises(SampleError, match="collate takes a batch .* got one sample .*image"):
+        next(iter(Collate(IterableWrapper([{"image": 1, "label": 2}]))))
+    with pytest.raises(SampleError, match=r"fields \[5\] are not in the samples"):
+        next(iter(PadCollate(IterableWrapper([[{"ids": [1, 2]}]]), fields=[5])))

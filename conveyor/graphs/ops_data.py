@@ -194,6 +194,6 @@ def _build_synthetic(p: SyntheticParams, inputs: list[BaseNode], ctx: BuildConte
 SYNTHETIC = OpSpec("synthetic", SyntheticParams, _build_synthetic, "none",
                    "made-up image records (FakeData, a script's --dummy): measure the model without data; "
                    "a global order (elastic above a shard)", _check_synthetic, length=listed_count,
-                   items_in="",
+                   per_record=True, items_in="",
                    items_out='{image: [C,H,W] uint8 or float32, label, index}, record i the same every time',
                    example="fake: {op: synthetic, count: 10000, shape: [3, 224, 224], classes: 1000}")
