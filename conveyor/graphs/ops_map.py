@@ -109,7 +109,7 @@ def _fn_rules(graph: SpecGraph, name: str) -> list[Problem]:
 
 
 def _batching_above(graph: SpecGraph, name: str) -> str | None:
-    """The batching node (``OpSpec.batches``) whose lists reach ``name`` through nodes that
+    """The batching or collating node (``OpSpec.batches``, ``collates``) whose batches reach ``name`` through nodes that
     only pass items on (``per_record``), or None where none surely does (no batch above, or
     a node between that may change what an item is: a map whose fn is not ``per_sample``)."""
     seen: set[str] = set()
@@ -120,7 +120,7 @@ def _batching_above(graph: SpecGraph, name: str) -> str | None:
         if up in seen or plan is None or plan.params is None:
             continue
         seen.add(up)
-        if plan.op.batches:
+        if plan.op.batches or plan.op.collates:  # lists of records, or a batch stacked into one
             return up
         if plan.op.passes_records(plan.params):
             todo.extend(graph.inputs.get(up, []))
@@ -136,7 +136,7 @@ def _graph_check_map(graph: SpecGraph, name: str) -> list[Problem]:
     if batching is not None:
         batch_op = graph.nodes[batching].op.name
         problems.append(Problem(name, f"fn {p.fn} takes one record, but node '{batching}' ({batch_op}) above "
-                                      f"it makes lists of records (batches): put this map before the "
+                                      f"it hands on batches, not records: put this map before the "
                                       f"{batch_op} node", ("fn",), "fn"))
     if not p.ordered and graph.resumable:
         problems.append(Problem(name, "an unordered map cannot resume exactly (its output order depends on "
