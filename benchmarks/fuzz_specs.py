@@ -3,7 +3,15 @@
 its own with a time limit; every case must end as a clean conveyor error or a run, never a
 traceback, never a hang.
 
-    nice python benchmarks/fuzz_specs.py --cases 10000 --jobs 2 --timeout 60 --out /tmp/fuzz.jsonl
+    nice python benchmarks/fuzz_specs.py --cases 10000 --jobs 2 --timeout 30 --out /tmp/fuzz.jsonl \
+        --skip-specs imagenet-procs
+    nice python benchmarks/fuzz_specs.py --cases 300 --jobs 2 --timeout 120 --specs imagenet-procs
+
+10,000 cases take about 8 minutes on a busy 2-core host: most mutations are refused by the
+check (milliseconds) and the rest run 3 batches in a forked child (a tenth of a second to a
+few seconds). ``imagenet-procs`` is the exception: its process copies start by importing
+torch in each child (``spawn``), 15-30 s a run that checks on a busy host, so it gets a run of
+its own with a longer timeout (a case past the timeout is a hang, and a slow start is not one).
 
 Mutation kinds (one or two a case): ``text`` (tokens inserted: aliases, tags, brackets, odd
 unicode; spans deleted; lines doubled or dropped), ``structure`` (a key deleted, a value's type

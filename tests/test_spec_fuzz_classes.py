@@ -165,3 +165,25 @@ def test_collate_and_pad_collate_name_what_they_got_as_sample_errors():
         next(iter(Collate(IterableWrapper([{"image": 1, "label": 2}]))))
     with pytest.raises(SampleError, match=r"fields \[5\] are not in the samples"):
         next(iter(PadCollate(IterableWrapper([[{"ids": [1, 2]}]]), fields=[5])))
+
+
+def test_a_record_fn_after_a_collate_is_a_spec_error_naming_the_collate():
+    errs = _errors(_moved("numbers.yaml", ["files", "batch", "shard", "collate", "shuffle", "parse", "out"]))
+    (err,) = [e for e in errs if e.node == "parse"]
+    assert "node 'collate' (collate)" in err.message and "hands on batches" in err.message
+
+
+def test_read_bytes_names_what_it_got_instead_of_a_file_record():
+    from conveyor.errors import SampleError
+    from conveyor.files import read_numbers
+
+    with pytest.raises(SampleError, match="expected a file record with a 'path' string .* got a list"):
+        read_numbers([{"path": "a.txt"}])
+    with pytest.raises(SampleError, match=r"got 'path' \['a.txt', 'b.txt'\]"):
+        read_numbers({"path": ["a.txt", "b.txt"], "label": [0, 1]})
+
+
+@pytest.mark.parametrize("flag", ["add_bos", "add_eos"])
+def test_a_tokenizer_flag_that_is_not_a_boolean_is_a_spec_error(flag):
+    (err,) = _errors(str(REPO / "specs/pretrain.yaml"), parse_set([f"tokenize.args={{{flag}: x, dtype: int16}}"]))
+    assert err.node == "tokenize" and f"{flag}='x' must be true or false" in err.message
