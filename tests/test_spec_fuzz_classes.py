@@ -187,3 +187,13 @@ def test_read_bytes_names_what_it_got_instead_of_a_file_record():
 def test_a_tokenizer_flag_that_is_not_a_boolean_is_a_spec_error(flag):
     (err,) = _errors(str(REPO / "specs/pretrain.yaml"), parse_set([f"tokenize.args={{{flag}: x, dtype: int16}}"]))
     assert err.node == "tokenize" and f"{flag}='x' must be true or false" in err.message
+
+
+def test_an_image_fn_names_a_batch_it_got_instead_of_a_record():
+    from conveyor import image
+    from conveyor.errors import SampleError
+
+    with pytest.raises(SampleError, match="expected an image record .* got a list"):
+        image.decode([{"path": "a.jpg"}])
+    with pytest.raises(SampleError, match=r"expected a path, got list \['a.jpg'\]"):
+        image.decode({"path": ["a.jpg"], "index": 0})
