@@ -228,11 +228,11 @@ class Collate(BaseNode):
     def _tuple(self, out: Any) -> tuple:
         """The batch's ``as_tuple`` fields, in that order (``for images, target in loader``)."""
         if not isinstance(out, Mapping):
-            raise ValueError(f"in {self.where}: as_tuple={list(self.as_tuple)} takes fields of dict samples; "
+            raise SampleError(f"in {self.where}: as_tuple={list(self.as_tuple)} takes fields of dict samples; "
                              f"the batch is a {type(out).__name__}")
         missing = [k for k in self.as_tuple if k not in out]
         if missing:
-            raise ValueError(f"in {self.where}: as_tuple names fields {missing} that the samples do not have; "
+            raise SampleError(f"in {self.where}: as_tuple names fields {missing} that the samples do not have; "
                              f"they have {list(out)}")
         return tuple(out[k] for k in self.as_tuple)
 
