@@ -230,7 +230,7 @@ def apply_overrides(
                 f"override expects {_article(_type_name(declared[key]))}{like}, got {_type_name(value)}{got}",
                 path, line, col, param=key))
             continue
-        merged[key] = float(value) if isinstance(declared[key], float) else value
+        merged[key] = float(value) if isinstance(declared[key], float) and value is not None else value
     return merged, errors
 
 
