@@ -197,3 +197,17 @@ def test_an_image_fn_names_a_batch_it_got_instead_of_a_record():
         image.decode([{"path": "a.jpg"}])
     with pytest.raises(SampleError, match=r"expected a path, got list \['a.jpg'\]"):
         image.decode({"path": ["a.jpg"], "index": 0})
+
+
+def test_a_null_set_for_a_float_param_is_no_float_call():
+    from conveyor.graphs.params import apply_overrides
+    merged, errors = apply_overrides({"rate": 0.5}, {"rate": None}, where=("spec.yaml", 1, 1))
+    assert errors or merged["rate"] is None
+
+
+def test_a_url_that_is_no_glob_pattern_is_a_source_error(tmp_path):
+    from conveyor.errors import SourceError
+    from conveyor.nodes import ListFiles
+
+    with pytest.raises(SourceError, match="not a glob pattern"):
+        list(ListFiles(url=str(tmp_path) + "/*/|**"))
