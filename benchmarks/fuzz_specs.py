@@ -3,7 +3,15 @@
 its own with a time limit; every case must end as a clean conveyor error or a run, never a
 traceback, never a hang.
 
-    nice python benchmarks/fuzz_specs.py --cases 10000 --jobs 2 --timeout 60 --out /tmp/fuzz.jsonl
+    nice python benchmarks/fuzz_specs.py --cases 10000 --jobs 2 --timeout 30 --out /tmp/fuzz.jsonl \
+        --skip-specs imagenet-procs
+    nice python benchmarks/fuzz_specs.py --cases 300 --jobs 2 --timeout 120 --specs imagenet-procs
+
+10,000 cases take about 8 minutes on a busy 2-core host: most mutations are refused by the
+check (milliseconds) and the rest run 3 batches in a forked child (a tenth of a second to a
+few seconds). ``imagenet-procs`` is the exception: its process copies start by importing
+torch in each child (``spawn``), 15-30 s a run that checks on a busy host, so it gets a run of
+its own with a longer timeout (a case past the timeout is a hang, and a slow start is not one).
 
 Mutation kinds (one or two a case): ``text`` (tokens inserted: aliases, tags, brackets, odd
 unicode; spans deleted; lines doubled or dropped), ``structure`` (a key deleted, a value's type
@@ -13,8 +21,10 @@ numbers, empty text), ``inf`` (``.inf``/``-.inf``/``.nan``/``1e999`` for a numbe
 root-only listing URLs: ``""``, ``/``, ``file:///``, ``s3://``, ``/*/**``), ``misplace`` (a node
 moved earlier in the chain, as ``batch`` before a ``map``).
 
-Each case runs ``conveyor run SPEC --steps 3 -q [--set ...]`` through ``conveyor.tools.cli.main`` in
-a child forked from a worker that has already imported conveyor and torch (so a case costs its
+Each case is first checked in the worker itself, as ``conveyor run`` checks it (the spec read, its
+``--set`` parsed, ``check_spec``: milliseconds, under a timer): a spec the check refuses is an
+``error`` there and then. A spec that checks runs ``conveyor run SPEC --steps 3 -q [--set ...]``
+through ``conveyor.tools.cli.main`` in a child forked from a worker that has already imported conveyor and torch (so a case costs its
 own work, not an interpreter's start), in its own session, with an address-space limit so that
 a huge allocation is a ``MemoryError`` here instead of a swap storm on a shared host. Classes:
 ``error`` (exit 1 or 2, no traceback on stderr), ``ran`` (exit 0), ``traceback`` (an exception
@@ -262,12 +272,66 @@ def run_case(case: dict, timeout: float, mem_bytes: int) -> dict:
             "last": err.strip().splitlines()[-1][:200] if err.strip() else ""}
 
 
+class _CheckTimeout(BaseException):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _CheckTimeout()
+
+
+def check_case(case: dict, timeout: float) -> dict | None:
+    """The spec read, its ``--set`` parsed and the whole spec checked, here in the worker, as
+    ``conveyor run`` does before building anything (milliseconds): the outcome when the check
+    refuses the spec (``error``), raises something else (``traceback``) or passes its time
+    (``hang``); None when the spec checks and has to be run in a child of its own."""
+    from conveyor.errors import ConveyorError, SpecErrors
+    from conveyor.tools._args import UsageError, checked_plan
+    from conveyor.tools.cli import build_parser
+
+    t0 = time.monotonic()
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="fuzz-check-") as folder:
+        spec = os.path.join(folder, "spec.yaml")
+        with open(spec, "w", encoding="utf-8", errors="surrogatepass") as f:
+            f.write(case["text"])
+        old = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            os.chdir(folder)
+            args = build_parser().parse_args(["run", spec, "--steps", "3", "-q", *case["set"]])
+            checked_plan(args)
+        except _CheckTimeout:
+            return {"class": "hang", "where": "check", "took": round(time.monotonic() - t0, 2)}
+        except (SystemExit, UsageError, SpecErrors, FileNotFoundError, ConveyorError) as exc:
+            last = str(exc).strip().splitlines()[-1:] if str(exc).strip() else [type(exc).__name__]
+            return {"class": "error", "rc": 1, "took": round(time.monotonic() - t0, 3), "last": last[0][:200],
+                    "at": "check"}
+        except BaseException as exc:  # noqa: BLE001 - what the fuzz is looking for
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/conveyor/" in f.filename]
+            where = f"{frames[-1].filename.split('/conveyor/')[-1]}:{frames[-1].lineno}" if frames else "?"
+            return {"class": "traceback", "exc": type(exc).__name__, "msg": str(exc)[:300], "where": where,
+                    "tb": "".join(traceback.format_exception(exc))[-3000:], "at": "check",
+                    "took": round(time.monotonic() - t0, 2)}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            os.chdir(here)
+    return None
+
+
+def _limit_memory(mem_bytes: int) -> None:
+    """A worker's own checks under the cases' address-space limit: a huge allocation while
+    checking is a MemoryError (a traceback case), not a worker killed and its cases lost."""
+    resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
+
+
 def _worker(args) -> list[dict]:
     seeds, specs, timeout, mem_bytes = args
     out = []
     for seed in seeds:
         case = make_case(seed, specs)
-        outcome = run_case(case, timeout, mem_bytes)
+        outcome = check_case(case, timeout) or run_case(case, timeout, mem_bytes)
         out.append({**case, **outcome})
     return out
 
@@ -280,11 +344,17 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0, help="a case past this is a hang")
     ap.add_argument("--mem-gb", type=float, default=6.0, help="address-space limit of each case")
     ap.add_argument("--out", help="write every case as a JSON line here")
+    ap.add_argument("--specs", help="comma-separated bundled spec names to mutate (default: all)")
+    ap.add_argument("--skip-specs", default="", help="comma-separated bundled spec names to leave out")
     args = ap.parse_args(argv)
     import torch  # noqa: F401 - imported once, before the forks
     import conveyor.tools.cli  # noqa: F401
     specs = {p.name: p.read_text(encoding="utf-8").replace("${spec_dir}", str(SPECS_DIR))
              for p in sorted(SPECS_DIR.glob("*.yaml"))}
+    if args.specs:
+        specs = {k: v for k, v in specs.items() if k in args.specs.split(",") or k[:-5] in args.specs.split(",")}
+    skip = set(filter(None, args.skip_specs.split(",")))
+    specs = {k: v for k, v in specs.items() if k not in skip and k[:-5] not in skip}
     chunk = 10
     seeds = list(range(args.first, args.first + args.cases))
     tasks = [(seeds[i:i + chunk], specs, args.timeout, int(args.mem_gb * (1 << 30)))
@@ -293,7 +363,9 @@ def main(argv=None) -> int:
     groups: dict[tuple, list[dict]] = collections.defaultdict(list)
     t0 = time.monotonic()
     out = open(args.out, "w", encoding="utf-8", errors="surrogatepass") if args.out else None
-    with mp.get_context("fork").Pool(args.jobs, maxtasksperchild=20) as pool:
+    mem_bytes = int(args.mem_gb * (1 << 30))
+    with mp.get_context("fork").Pool(args.jobs, initializer=_limit_memory, initargs=(mem_bytes,),
+                                     maxtasksperchild=20) as pool:
         for results in pool.imap_unordered(_worker, tasks):
             for r in results:
                 counts[r["class"]] += 1

@@ -27,7 +27,15 @@ def _size_hw(size: int | Sequence[int], name: str) -> tuple[int, int]:
         raise ValueError(f"{name}={size!r} must be an int or [height, width]")
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in hw):
         raise ValueError(f"{name}={size!r} must be positive ints")
+    if max(hw) > SIDE_MAX:
+        raise ValueError(f"{name}={size!r} is larger than {SIDE_MAX} pixels a side (an output image that "
+                         "size would not fit in memory)")
     return hw  # type: ignore[return-value]
+
+
+# The largest output side (``size``, ``resize``) the image fns take, checked with the spec: past
+# it one image is gigabytes (3 x 16384 x 16384 bytes is 768 MB) and torch's resize fails.
+SIDE_MAX = 16384
 
 
 def _range(value: Sequence[float], name: str) -> tuple[float, float]:

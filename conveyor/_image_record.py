@@ -50,6 +50,9 @@ def _where(item: Mapping[str, Any]) -> str:
 
 
 def _read_bytes(item: Mapping[str, Any]) -> bytes:
+    if not isinstance(item, Mapping):  # a batch (a list of records) where one record belongs
+        raise SampleError(f"expected an image record (a dict with 'path' or the image's bytes), got a "
+                          f"{type(item).__name__}")
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         _warn_truncated_once()
     for key in _BYTES_KEYS:
@@ -60,6 +63,9 @@ def _read_bytes(item: Mapping[str, Any]) -> bytes:
         path = item.get("path")
         if path is None:
             raise SampleError(f"{_where(item)}: item has neither 'path' nor any of {_BYTES_KEYS}")
+        if not isinstance(path, (str, os.PathLike)):  # a collated batch's list of paths
+            raise SampleError(f"image at index {item.get('index')!r}: expected a path, got "
+                              f"{type(path).__name__} {path!r:.80}")
         data = _read_path(os.fspath(path), item)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise SampleError(f"{_where(item)}: expected bytes, got {type(data).__name__}")

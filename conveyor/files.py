@@ -20,9 +20,12 @@ _SPLIT = re.compile(r"[,\s]+")
 
 def read_bytes(item: dict[str, Any]) -> bytes:
     """The raw bytes of ``item["bytes"]`` if present, else of the file at ``item["path"]``."""
-    if item.get("bytes") is not None:
+    if isinstance(item, dict) and item.get("bytes") is not None:
         return item["bytes"]
-    path = item["path"]
+    path = item.get("path") if isinstance(item, dict) else None
+    if not isinstance(path, str):  # a batch (a list), a collated batch (a list of paths), no record at all
+        got = f"a {type(item).__name__}" if not isinstance(item, dict) else f"'path' {path!r:.80}"
+        raise SampleError(f"expected a file record with a 'path' string (from list_files), got {got}")
     if "://" in path and not path.startswith("file://"):  # retried, its errors naming the URL
         return read_url(path)
     try:

@@ -66,7 +66,7 @@ import torch
 
 import conveyor._pixels as px
 from conveyor.errors import check_message
-from conveyor._image_geometry import (_WHOLE_MAX, _crop_resize, _draft_scale, _range,  # noqa: F401
+from conveyor._image_geometry import (SIDE_MAX, _WHOLE_MAX, _crop_resize, _draft_scale, _range,  # noqa: F401
                                       _resize_center_crop, _resize_geometry, _size_hw, _slot, _to_tensor)
 from conveyor._image_record import _read_bytes, _read_path, _result, _sample_error, _where  # noqa: F401
 
@@ -230,6 +230,8 @@ def eval_transform(
     out_h, out_w = _size_hw(size, "size")
     if isinstance(resize, bool) or not isinstance(resize, int) or resize < max(out_h, out_w):
         raise ValueError(f"{resize=} must be an int >= the larger side of {size=}")
+    if resize > SIDE_MAX:
+        raise ValueError(f"{resize=} is larger than {SIDE_MAX} pixels a side")
     data = _read_bytes(item)
     try:
         with px.Picture(data) as pic:
@@ -387,6 +389,9 @@ def _crop_rules(args: Mapping[str, Any], *, resize: bool) -> list[tuple[str, str
         r, (h, w) = args["resize"], _size_hw(size, "size")
         if isinstance(r, bool) or not isinstance(r, int) or r < max(h, w):
             problems.append(("resize", f"resize={r!r} must be an int >= the larger side of size={size!r}"))
+        elif r > SIDE_MAX:
+            problems.append(("resize", f"resize={r!r} is larger than {SIDE_MAX} pixels a side (the resized "
+                                       "image would not fit in memory)"))
     return problems
 
 

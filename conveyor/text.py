@@ -87,6 +87,9 @@ def byte_tokenize(item: Any, *, field: str = "text", max_length: int | None = No
         >>> [o["input_ids"].tolist() for o in byte_tokenize(["ab", "c"])]
         [[97, 98], [99]]
     """
+    flags = _flag_problems({"add_bos": add_bos, "add_eos": add_eos})
+    if flags:
+        raise ValueError(flags[0][1])
     _check_max_length(max_length, add_bos + add_eos)
     dt = _byte_dtype(dtype, add_bos, add_eos, bos_id, eos_id)
     if isinstance(item, list):
@@ -325,8 +328,18 @@ def _max_length_rule(args: Mapping[str, Any], specials: int) -> list[tuple[str, 
     return [("max_length", message)] if message else []
 
 
+def _flag_problems(args: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``add_bos``/``add_eos`` are true or false (``add_eos: x`` was a TypeError in the first call)."""
+    return [(name, f"{name}={args[name]!r} must be true or false") for name in ("add_bos", "add_eos")
+            if name in args and not isinstance(args[name], bool)]
+
+
 def _byte_rules(args: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """``max_length`` leaves room for the specials; ``dtype`` holds every id."""
+    """``add_bos``/``add_eos`` are booleans; ``max_length`` leaves room for the specials;
+    ``dtype`` holds every id."""
+    problems = _flag_problems(args)
+    if problems:
+        return problems
     problems = _max_length_rule(args, bool(args.get("add_bos")) + bool(args.get("add_eos")))
     if "dtype" in args:
         message = check_message(lambda: _byte_dtype(

@@ -91,7 +91,8 @@ def test_the_facts_that_replaced_the_tables_of_op_names():
     assert having(lambda op: op.keeps_count == "unless_skipping") == ["fetch", "map", "read_samples"]
     assert having(lambda op: op.per_record is not False) == [
         "fetch", "filter", "list_files", "list_litdata", "list_lmdb", "list_mds", "map", "mix", "pack_tokens",
-        "pin_memory", "prefetch", "read_jsonl", "read_lmdb", "read_parquet", "read_samples", "read_tar", "shard", "shuffle_buffer", "to_device"]
+        "pin_memory", "prefetch", "read_jsonl", "read_lmdb", "read_parquet", "read_samples", "read_tar", "shard", "shuffle_buffer", "synthetic",
+        "to_device"]
     assert having(lambda op: op.writes_rows) == ["map"]
     assert having(lambda op: op.batch_rows is not None) == ["batch"]
     assert having(lambda op: op.stacks_rows) == ["collate"]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conveyor import SpecErrors, load_graph
+from conveyor.errors import SampleError
 from conveyor.graphs import bundled
 from conveyor.graphs.api import read_spec
 from conveyor.image import IMAGENET_MEAN, IMAGENET_STD, normalize
@@ -129,7 +130,7 @@ def test_collate_as_tuple_is_checked_with_the_spec():
         load_graph("specs/numbers.yaml", **{"collate.as_tuple": ["x", "x"]})
     assert "named twice" in info.value.errors[0].message
     loader = load_graph("specs/numbers.yaml", **{"collate.as_tuple": ["x", "target"]})
-    with pytest.raises(ValueError, match="as_tuple names fields \\['target'\\]"):
+    with pytest.raises(SampleError, match="as_tuple names fields \\['target'\\]"):
         _first(loader)
 
 

@@ -42,6 +42,9 @@ def start_methods() -> list[str]:
     return sorted(multiprocessing.get_all_start_methods())
 
 
+COPIES_MAX = 1024  # as a map's workers: past it a hang (billions of processes) or a MemoryError
+
+
 def _default_until(nodes: dict, output: str) -> str:
     chain = [output]
     while nodes.get(chain[-1]) is not None and len(nodes[chain[-1]].inputs) == 1:
@@ -83,6 +86,10 @@ def check_copies(raw: Any, nodes: dict, graph: dict[str, list[str]], output: str
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         errs.add(f"workers: copies must be a positive int, got {count!r}", at + ("copies",),
                  param="workers")
+        ok = False
+    elif count > COPIES_MAX:
+        errs.add(f"workers: copies must be at most {COPIES_MAX} (a process or thread each), got {count!r}",
+                 at + ("copies",), param="workers")
         ok = False
     mp_context = spec.get("mp_context")
     if mp_context is not None and mp_context not in start_methods():

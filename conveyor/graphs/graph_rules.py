@@ -2,7 +2,7 @@
 
 ``find_cycle`` finds a loop of inputs. ``graph_rules`` runs, for every node that passed its
 own checks, the rules that need its neighbours: the storage options its URL's filesystem
-takes, a collating op with a batching op above it (asked of each op's ``OpSpec``:
+takes (and whether its package is installed), a collating op with a batching op above it (asked of each op's ``OpSpec``:
 ``collates``, ``per_record``), and the op's own ``graph_check`` (a map's fn rules, a
 shuffle buffer after a decode, a padding multiple against a token budget).
 """
@@ -61,7 +61,7 @@ def _batched_before(name: str, nodes: dict[str, Any], graph: dict[str, list[str]
 
 def graph_rules(nodes: dict[str, Any], graph: dict[str, list[str]], resumable: bool,
                 errs: Errors) -> None:
-    """Rules across nodes: storage options the URL's filesystem takes, a collating op with a
+    """Rules across nodes: storage options the URL's filesystem takes (and whether its package is installed), a collating op with a
     batching op above it, and each op's own ``graph_check``."""
     spec_graph = SpecGraph(nodes, graph, resumable)
     for plan in nodes.values():
@@ -69,6 +69,13 @@ def graph_rules(nodes: dict[str, Any], graph: dict[str, list[str]], resumable: b
         if p is None:
             continue
         url, options = getattr(p, "url", None), getattr(p, "storage_options", None)
+        if isinstance(url, str) and "://" in url:
+            from conveyor.storage import missing_package, protocol_of
+
+            missing = missing_package(protocol_of(url))
+            if missing:
+                errs.add(missing, ("nodes", plan.name, "url"), node=plan.name, op=plan.op.name, param="url")
+                continue
         if isinstance(url, str) and options:
             from conveyor.storage import protocol_of, unknown_options
 

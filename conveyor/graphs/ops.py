@@ -246,7 +246,7 @@ def _graph_check_shuffle(graph: SpecGraph, name: str) -> list[Problem]:
 
 @dataclass(frozen=True)
 class BatchParams:
-    size: int = param(min=1, doc="items per batch")
+    size: int = param(min=1, max=1_000_000, doc="items per batch")
     drop_last: bool = param(False, doc="drop the last, shorter batch of each epoch")
 
 

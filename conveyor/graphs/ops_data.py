@@ -165,7 +165,7 @@ class SyntheticDtype(str, enum.Enum):
 
 @dataclass(frozen=True)
 class SyntheticParams:
-    count: int = param(1000, min=1, doc="records per epoch")
+    count: int = param(1000, min=1, max=2 ** 48, doc="records per epoch")
     shape: list[int] = param(factory=lambda: [3, 224, 224], doc="the image's [C, H, W]")
     classes: int = param(1000, min=1, doc="labels are 0 .. classes-1")
     dtype: SyntheticDtype = param(SyntheticDtype.uint8, doc="uint8 (0..255, as decoded) | float32 "
@@ -177,7 +177,13 @@ class SyntheticParams:
 def _check_synthetic(p: SyntheticParams, n_inputs: int) -> list[tuple[Any, str]]:
     if len(p.shape) != 3 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in p.shape):
         return [("shape", f"shape={p.shape!r} must be [C, H, W], three ints > 0")]
+    if p.shape[0] * p.shape[1] * p.shape[2] > _IMAGE_MAX:
+        return [("shape", f"shape={p.shape!r} is more than {_IMAGE_MAX} values an image (an image that size "
+                          "would not fit in memory)")]
     return []
+
+
+_IMAGE_MAX = 1 << 30  # values in one synthetic image: past it one record is gigabytes
 
 
 def _build_synthetic(p: SyntheticParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
@@ -188,6 +194,6 @@ def _build_synthetic(p: SyntheticParams, inputs: list[BaseNode], ctx: BuildConte
 SYNTHETIC = OpSpec("synthetic", SyntheticParams, _build_synthetic, "none",
                    "made-up image records (FakeData, a script's --dummy): measure the model without data; "
                    "a global order (elastic above a shard)", _check_synthetic, length=listed_count,
-                   items_in="",
+                   per_record=True, items_in="",
                    items_out='{image: [C,H,W] uint8 or float32, label, index}, record i the same every time',
                    example="fake: {op: synthetic, count: 10000, shape: [3, 224, 224], classes: 1000}")

@@ -108,11 +108,36 @@ def _fn_rules(graph: SpecGraph, name: str) -> list[Problem]:
             for arg, message in check_args(p.fn, resolve_fn(p.fn), p.args)]
 
 
+def _batching_above(graph: SpecGraph, name: str) -> str | None:
+    """The batching or collating node (``OpSpec.batches``, ``collates``) whose batches reach ``name`` through nodes that
+    only pass items on (``per_record``), or None where none surely does (no batch above, or
+    a node between that may change what an item is: a map whose fn is not ``per_sample``)."""
+    seen: set[str] = set()
+    todo = list(graph.inputs.get(name, []))
+    while todo:
+        up = todo.pop()
+        plan = graph.nodes.get(up)
+        if up in seen or plan is None or plan.params is None:
+            continue
+        seen.add(up)
+        if plan.op.batches or plan.op.collates:  # lists of records, or a batch stacked into one
+            return up
+        if plan.op.passes_records(plan.params):
+            todo.extend(graph.inputs.get(up, []))
+    return None
+
+
 def _graph_check_map(graph: SpecGraph, name: str) -> list[Problem]:
-    """The fn's rules; an unordered map in a graph that must resume exactly; the start method
-    and, for worker processes, a fn that pickles."""
+    """The fn's rules; a fn of one record (``per_sample``) after a batch; an unordered map in a
+    graph that must resume exactly; the start method and, for worker processes, a fn that pickles."""
     p = graph.nodes[name].params
     problems = _fn_rules(graph, name)
+    batching = _batching_above(graph, name) if p.batch is None and per_sample(resolve_fn(p.fn)) else None
+    if batching is not None:
+        batch_op = graph.nodes[batching].op.name
+        problems.append(Problem(name, f"fn {p.fn} takes one record, but node '{batching}' ({batch_op}) above "
+                                      f"it hands on batches, not records: put this map before the "
+                                      f"{batch_op} node", ("fn",), "fn"))
     if not p.ordered and graph.resumable:
         problems.append(Problem(name, "an unordered map cannot resume exactly (its output order depends on "
                                       "timing); set ordered: true, or declare 'resumable: false' for the graph",

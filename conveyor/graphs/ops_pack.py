@@ -38,7 +38,7 @@ class IdType(str, enum.Enum):
 
 @dataclass(frozen=True)
 class PackTokensParams:
-    seq_len: int = param(min=1, doc="tokens per row")
+    seq_len: int = param(min=1, max=1 << 24, doc="tokens per row")
     field: str = param("input_ids", doc="the token field of each record")
     algorithm: Algorithm = param(Algorithm.best_fit, doc="first_fit | best_fit (least padding)")
     pool: int = param(1000, min=1, doc="documents packed together (more: less padding, longer restore)")

@@ -30,13 +30,16 @@ class ReadParquetParams:
     batch_rows: int = param(1024, min=1, doc="rows turned into Python dicts at a time (memory only)")
     on_error: OnError = param(OnError.raise_, doc="raise: SampleError naming file and row group; skip: count")
     storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
+    schema: dict | None = param(None, doc="{column: type} every file must match (int64, float64, string...); "
+                                          "default: the first file's. A file that differs: an error naming "
+                                          "file and column, or skipped and counted (on_error: skip)")
 
 
 def _build_read_parquet(p: ReadParquetParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
     from conveyor.nodes import ReadParquet
 
     return ReadParquet(inputs[0], columns=p.columns, batch_rows=p.batch_rows, on_error=p.on_error.value,
-                       storage_options=p.storage_options, where=ctx.where)
+                       storage_options=p.storage_options, where=ctx.where, schema=p.schema)
 
 
 def _check_read_parquet(p: ReadParquetParams, n_inputs: int) -> list[tuple[str, str]]:
@@ -44,6 +47,13 @@ def _check_read_parquet(p: ReadParquetParams, n_inputs: int) -> list[tuple[str, 
     if p.columns is not None and (not p.columns or len(set(p.columns)) != len(p.columns)
                                   or not all(p.columns)):
         out.append(("columns", f"expected distinct, non-empty column names, got {p.columns!r}"))
+    if p.schema is not None and not out:
+        from conveyor.nodes import parquet_schema
+
+        try:
+            parquet_schema(p.schema)
+        except ValueError as exc:
+            out.append(("schema", str(exc)))
     return out
 
 

@@ -214,7 +214,7 @@ def apply_overrides(
     merged = dict(declared)
     errors: list[SpecError] = []
     for key, value in overrides.items():
-        shape = _shape_problem(value)
+        shape = shape_problem(value)
         if shape:
             errors.append(SpecError(f"override {shape}", path, line, col, param=key))
             continue
@@ -230,11 +230,11 @@ def apply_overrides(
                 f"override expects {_article(_type_name(declared[key]))}{like}, got {_type_name(value)}{got}",
                 path, line, col, param=key))
             continue
-        merged[key] = float(value) if isinstance(declared[key], float) else value
+        merged[key] = float(value) if isinstance(declared[key], float) and value is not None else value
     return merged, errors
 
 
-def _shape_problem(value: Any) -> str | None:
+def shape_problem(value: Any) -> str | None:
     """What makes an override's value unbounded, if anything: a list or mapping inside itself
     (``--set 'weights=&a [*a]'``), nesting deeper than ``MAX_DEPTH``, or more than ``MAX_VALUES``
     values with aliases expanded (the bounds a spec file has). Walked without recursion and

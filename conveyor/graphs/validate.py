@@ -25,7 +25,8 @@ from conveyor.graphs.graph_rules import find_cycle, graph_rules
 from conveyor.graphs.node_checks import (SECRET_PARAMS, Errors, check_params, env_unset_message,
                                          inputs_of, mentioned, op_of)
 from conveyor.graphs.params import (SPEC_DIR, apply_overrides, builtin_params, did_you_mean, interpolate,
-                                    redact_texts, referenced, required_problems, secret_texts, split_overrides)
+                                    redact_texts, referenced, required_problems, secret_texts, shape_problem,
+                                    split_overrides)
 from conveyor.graphs.registry import OpSpec, op_names
 from conveyor.graphs.yaml_loader import Located
 
@@ -270,5 +271,10 @@ def _override_nodes(raw_nodes: dict[str, Any], overrides: dict[tuple[str, str], 
             continue
         if not isinstance(out[node], dict) or not pname:
             continue  # the node itself is reported as broken
+        shape = shape_problem(value)
+        if shape:  # --set 'batch.size=&a [*a]': refused before anything walks it
+            errs.items.append(SpecError(f"override '{node}.{pname}': the value {shape}", errs.doc.path,
+                                        where[0], where[1], node=node, param=pname))
+            continue
         out[node] = {**out[node], pname: value}
     return out

@@ -48,7 +48,7 @@ from conveyor.nodes.pin_memory import PinMemory
 from conveyor.nodes.prefetch import Prefetch
 from conveyor.nodes.read_jsonl import ReadJsonl, encoding_problem
 from conveyor.nodes.read_lmdb import ReadLmdb
-from conveyor.nodes.read_parquet import ReadParquet
+from conveyor.nodes.read_parquet import ReadParquet, parquet_schema
 from conveyor.nodes.read_samples import ReadSamples
 from conveyor.nodes.read_tar import ReadTar
 from conveyor.nodes.shard import Shard, count_items, dist_rank_world
@@ -106,6 +106,7 @@ __all__ = [
     "ledgers",
     "lmdb_module",
     "number_classes",
+    "parquet_schema",
     "pull",
     "read_manifest",
     "remaining",

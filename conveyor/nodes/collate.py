@@ -36,6 +36,7 @@ import torch
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 from torchdata.nodes import BaseNode
 
+from conveyor.errors import SampleError
 from conveyor.nodes._workers.batch_slabs import Buffers, plain_tensor, slab_batch
 from conveyor.nodes.state_shape import Child, Fields
 
@@ -198,6 +199,11 @@ class Collate(BaseNode):
 
     def next(self):
         batch = next(self.source)
+        if isinstance(batch, Mapping):  # one sample, not a list of them: torch's collate fails on batch[0]
+            exc = SampleError(f"collate takes a batch (a list of samples), got one sample (fields: "
+                              f"{', '.join(map(str, list(batch)[:8]))}): put a batch node above it")
+            exc.add_note(f"in {self.where}")
+            raise exc
         dicts = isinstance(batch, Sequence) and bool(batch) and isinstance(batch[0], Mapping)
         try:
             if dicts:
@@ -222,11 +228,11 @@ class Collate(BaseNode):
     def _tuple(self, out: Any) -> tuple:
         """The batch's ``as_tuple`` fields, in that order (``for images, target in loader``)."""
         if not isinstance(out, Mapping):
-            raise ValueError(f"in {self.where}: as_tuple={list(self.as_tuple)} takes fields of dict samples; "
+            raise SampleError(f"in {self.where}: as_tuple={list(self.as_tuple)} takes fields of dict samples; "
                              f"the batch is a {type(out).__name__}")
         missing = [k for k in self.as_tuple if k not in out]
         if missing:
-            raise ValueError(f"in {self.where}: as_tuple names fields {missing} that the samples do not have; "
+            raise SampleError(f"in {self.where}: as_tuple names fields {missing} that the samples do not have; "
                              f"they have {list(out)}")
         return tuple(out[k] for k in self.as_tuple)
 

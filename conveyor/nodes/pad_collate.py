@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import default_collate
 from torchdata.nodes import BaseNode
 
+from conveyor.errors import SampleError
 from conveyor.nodes._padding import DTYPES, SIDES, check_dtype, pad_field  # noqa: F401 - DTYPES: its names
 from conveyor.nodes.collate import _named, check_fields, same_fields
 from conveyor.nodes.state_shape import Child, Fields, Int, Real
@@ -117,7 +118,7 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
         names = list(fields) if fields is not None else [k for k, v in first.items() if _is_seq(v)]
         missing = [n for n in names if n not in first]
         if missing:
-            raise ValueError(f"fields {missing} are not in the samples (fields: {list(first)})")
+            raise SampleError(f"fields {missing} are not in the samples (fields: {list(first)})")
         check_fields(samples)
         out: dict[str, Any] = {}
         extra: dict[str, Any] = {}

@@ -12,7 +12,14 @@ are stored.
 
 A file that is not Parquet, or lacks a column asked for, raises ``SampleError`` naming the
 file with ``on_error="raise"``; with ``on_error="skip"`` the whole file is skipped and
-counted (``skipped_files``). A row group that fails to decode is named by file and row group,
+counted (``skipped_files``). So does a file whose schema differs from the one expected: the
+``schema`` given (``{column: type}``, pyarrow's type names: ``int64``, ``float64``,
+``string``...), else the first file's of the epoch: a column of another type (ids that became
+floats or strings), a column missing, or, when ``columns`` does not choose what is read, a
+column more (rows that would gain a field); a column of nulls only (pyarrow's ``null``
+type, an empty file's) goes with any type. The error names the file, the column and the
+file the schema came from. The expected schema is part of the state, so a restored run checks
+against the same one. A row group that fails to decode is named by file and row group,
 or skipped with its rows counted (``skipped``).
 
 Remote files are read through ``conveyor.storage``: the footer and each column chunk one
@@ -28,15 +35,16 @@ only the row group it stopped in (never the rows of the groups before it).
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Iterator
 
 from torchdata.nodes import BaseNode
 
-from conveyor.errors import SampleError, SourceError
+from conveyor.errors import SampleError, SourceError, StateError
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip
 from conveyor.storage import RetryPolicy, Storage
-from conveyor.nodes.state_shape import Bool, Child, Fields, Int, LEDGER_SHAPE
+from conveyor.nodes.state_shape import Bool, Child, Fields, Int, LEDGER_SHAPE, Str
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +60,39 @@ def _pyarrow() -> Any:
     return pq
 
 
+def parquet_schema(schema: Any) -> dict[str, str]:
+    """``{column: type}`` with each type as pyarrow names it (``float64`` is ``double``,
+    ``str`` is ``string``); a type that is no alias (``list<item: int64>``) is kept as written.
+
+    Raises:
+        ValueError: not a mapping of column names to type names.
+    """
+    if not isinstance(schema, dict) or not schema:
+        raise ValueError(f"schema={schema!r} must be a non-empty mapping of column names to type names")
+    import pyarrow as pa
+
+    out = {}
+    for name, kind in schema.items():
+        if not isinstance(name, str) or not name or not isinstance(kind, str) or not kind:
+            raise ValueError(f"schema: expected column: type-name pairs, got {name!r}: {kind!r}")
+        try:
+            out[name] = str(pa.type_for_alias(kind))
+        except ValueError:
+            if "<" not in kind and "[" not in kind:
+                raise ValueError(f"schema: column {name!r}: {kind!r} is not a pyarrow type name (int64, "
+                                 "float64, string, bool, binary, timestamp[ms], list<item: int64>...)") from None
+            out[name] = kind
+    return out
+
+
 class ReadParquet(BaseNode[dict]):
     """Yield the rows of each Parquet file named by the input's ``path`` fields, in order.
 
     Args:
         source: a stream of file records (``{"path", "index", ...}``), e.g. ``ListFiles``.
         columns: the columns to read (``None``: all).
+        schema: ``{column: type}`` every file must match (pyarrow type names or aliases:
+            ``int64``, ``float64``, ``string``); ``None``: the first file's, each epoch.
         batch_rows: rows decoded into Python at a time (memory, not semantics).
         on_error: ``"raise"`` (``SampleError`` naming the file and row group) or ``"skip"``.
         storage_options: passed to fsspec for non-local URLs; never logged.
@@ -80,12 +115,17 @@ class ReadParquet(BaseNode[dict]):
     SKIPPED_KEY = "skipped"
     SKIPPED_FILES_KEY = "skipped_files"
     FILES_KEY = "files"
+    SCHEMA_KEY = "schema"
+    SCHEMA_FROM_KEY = "schema_from"
     STATE_SHAPE = Fields({SOURCE_KEY: Child(), OPEN_KEY: Bool(), GROUP_KEY: Int(), ROW_KEY: Int(), SKIPPED_KEY: Int(),
-                          SKIPPED_FILES_KEY: Int(), FILES_KEY: Int(), LEDGER_KEY: LEDGER_SHAPE}, optional=(LEDGER_KEY,))
+                          SKIPPED_FILES_KEY: Int(), FILES_KEY: Int(), LEDGER_KEY: LEDGER_SHAPE,
+                          SCHEMA_KEY: Str(), SCHEMA_FROM_KEY: Str()},
+                         optional=(LEDGER_KEY, SCHEMA_KEY, SCHEMA_FROM_KEY))
 
     def __init__(self, source: BaseNode, *, columns: list[str] | None = None, batch_rows: int = 1024,
                  on_error: str = "raise", storage_options: dict[str, Any] | None = None,
-                 where: str | None = None, policy: RetryPolicy | None = None):
+                 where: str | None = None, policy: RetryPolicy | None = None,
+                 schema: dict[str, str] | None = None):
         super().__init__()
         if on_error not in ON_ERROR:
             raise ValueError(f"{on_error=} must be one of {ON_ERROR}")
@@ -95,6 +135,9 @@ class ReadParquet(BaseNode[dict]):
             raise ValueError(f"{columns=} must be a non-empty list of column names or None")
         self.source = source
         self.columns = list(columns) if columns is not None else None
+        self.given_schema = parquet_schema(schema) if schema is not None else None
+        self._schema: dict[str, str] | None = self.given_schema
+        self._schema_from: str | None = None  # the file the expected schema came from (None: given)
         self.batch_rows = batch_rows
         self.on_error = on_error
         self.storage_options = storage_options
@@ -159,12 +202,44 @@ class ReadParquet(BaseNode[dict]):
         if missing:
             self._close_file()
             return self._bad_file(f"no column {', '.join(map(repr, missing))} (it has: {', '.join(names)})")
+        why = self._schema_differs(record["path"])
+        if why:
+            self._close_file()
+            return self._bad_file(why)
         meta = self._pf.metadata
         self._starts, n = [], 0
         for g in range(meta.num_row_groups):
             self._starts.append(n)
             n += meta.row_group(g).num_rows
         return True
+
+    def _schema_differs(self, path: str) -> str | None:
+        """Why this file's schema is not the one expected, naming the column; None when it is
+        (the first file of an epoch, with no schema given, is: its schema is the one expected)."""
+        arrow = self._pf.schema_arrow
+        names = arrow.names
+        read = self.columns if self.columns is not None else names
+        if self._schema is None:
+            self._schema = {n: str(arrow.field(n).type) for n in read}
+            self._schema_from = path
+            return None
+        whose = "the spec's schema" if self._schema_from is None else f"the first file ({self._schema_from})"
+        for name, expected in self._schema.items():
+            if name not in names:
+                return f"no column {name!r}, which {whose} has as {expected} (it has: {', '.join(names)})"
+            got = str(arrow.field(name).type)
+            if got == "null" or got == expected:  # a column of nulls only (an empty file's): any type's
+                continue
+            if expected == "null" and self._schema_from is not None:  # the first file's held nulls only
+                self._schema[name] = got
+                continue
+            return f"column {name!r} is {got}, where {whose} has {expected}"
+        if self.columns is None:
+            extra = [n for n in names if n not in self._schema]
+            if extra:
+                return (f"column {extra[0]!r} is not in {whose} (its columns: {', '.join(self._schema)}); "
+                        "name the columns to read with columns: [...] to leave others out")
+        return None
 
     def _error(self, message: str) -> SampleError:
         """A ``SampleError`` with a note naming the node (the spec's node and line in a graph)."""
@@ -227,6 +302,7 @@ class ReadParquet(BaseNode[dict]):
             self._file_state = self.source.state_dict()
             self._group = self._row = 0
             self.skipped = self.skipped_files = self.files = 0
+            self._schema, self._schema_from = self.given_schema, None
             return
         self._file_state = initial_state[self.SOURCE_KEY]
         self.source.reset(self._file_state)
@@ -234,6 +310,18 @@ class ReadParquet(BaseNode[dict]):
         self.skipped_files = initial_state[self.SKIPPED_FILES_KEY]
         self.files = initial_state[self.FILES_KEY]
         self.ledger.load(initial_state.get(LEDGER_KEY))
+        if self.given_schema is not None:
+            self._schema, self._schema_from = self.given_schema, None
+        else:  # a state of an earlier release has none: the next file's is the one expected
+            text = initial_state.get(self.SCHEMA_KEY) or ""
+            try:
+                self._schema = json.loads(text) if text else None
+            except ValueError as exc:
+                raise StateError(f"{self.where}: the state's '{self.SCHEMA_KEY}' is not the JSON of a "
+                                 f"schema: {text[:80]!r}") from exc
+            if self._schema is not None and not isinstance(self._schema, dict):
+                raise StateError(f"{self.where}: the state's '{self.SCHEMA_KEY}' is not a schema: {text[:80]!r}")
+            self._schema_from = initial_state.get(self.SCHEMA_FROM_KEY) or None
         self._group, self._row = initial_state[self.GROUP_KEY], initial_state[self.ROW_KEY]
         if initial_state[self.OPEN_KEY]:
             if not self._open(next(self.source)):
@@ -292,4 +380,7 @@ class ReadParquet(BaseNode[dict]):
         return {self.SOURCE_KEY: self._file_state, self.OPEN_KEY: self._pf is not None,
                 self.GROUP_KEY: self._group, self.ROW_KEY: self._row, self.SKIPPED_KEY: self.skipped,
                 self.SKIPPED_FILES_KEY: self.skipped_files, self.FILES_KEY: self.files,
-                LEDGER_KEY: self.ledger.state()}
+                LEDGER_KEY: self.ledger.state(),
+                # the expected schema as JSON text ("" before the first file), its file ("" if given)
+                self.SCHEMA_KEY: json.dumps(self._schema) if self._schema is not None else "",
+                self.SCHEMA_FROM_KEY: self._schema_from or ""}

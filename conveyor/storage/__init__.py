@@ -43,7 +43,8 @@ Example:
 from conveyor.storage._cache import LocalCache
 from conveyor.storage._errors import (DENIED, NO_BUCKET, NOT_FOUND, PERMANENT, TRANSIENT, classify, describe,
                                       no_connection, no_credentials, redact, secret_values)
-from conveyor.storage._filesystems import filesystem, is_local, known_options, protocol_of, unknown_options
+from conveyor.storage._filesystems import (filesystem, is_local, known_options, missing_package, protocol_of,
+                                           unknown_options)
 from conveyor.storage._listing import fixed_part, is_folder_marker, single_slashes
 from conveyor.storage._policy import RetryPolicy, StorageStats, parse_size
 from conveyor.storage._storage import Storage, read_url, version_of
@@ -68,6 +69,7 @@ __all__ = [
     "no_connection",
     "no_credentials",
     "parse_size",
+    "missing_package",
     "protocol_of",
     "read_url",
     "redact",

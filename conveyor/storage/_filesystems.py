@@ -97,6 +97,25 @@ def _s3_options(options: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
             "max_concurrency": options.get("max_concurrency", 1)}
 
 
+def missing_package(protocol: str) -> str | None:
+    """Why ``protocol``'s filesystem cannot be made here, with the install line (``gs``: gcsfs
+    not installed: ``pip install gcsfs``), or None where it can (or fsspec knows no such
+    protocol: that is the URL's own error, met when it is read)."""
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ImportError as exc:
+        from fsspec.registry import known_implementations
+
+        known = known_implementations.get(protocol, {})
+        package = str(known.get("class", "")).split(".")[0]
+        install = f"pip install {package}" if package else "install the package fsspec names"
+        return (f"the {protocol}:// filesystem needs a package that is not installed ({exc}): "
+                f"{install}")
+    except (ValueError, KeyError):
+        return None
+    return None
+
+
 def filesystem(url: str, storage_options: dict[str, Any] | None = None,
                policy: RetryPolicy | None = None) -> tuple[Any, str]:
     """``(fs, path)`` for ``url``; for S3 with the library's own retries turned off (see above)."""
@@ -108,7 +127,10 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None,
                           + f" (reading {redact(url, options)})")
     if protocol in ("s3", "s3a"):
         options = _s3_options(options, policy or RetryPolicy())
-    fs, path = fsspec.core.url_to_fs(url, **options)
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:
+        raise SourceError(f"{missing_package(protocol) or exc} (reading {redact(url, options)})") from exc
     if protocol in ("s3", "s3a"):
         fs.retries = 1  # s3fs's own loop: one attempt (ours retries, and counts)
     return fs, path

@@ -181,7 +181,10 @@ def glob(storage: _Lister, url: str, *, folder_markers: bool = False,
     else:
         root = fixed.rsplit("/", 1)[0] if "/" in fixed else ""
         root_url = url[:len(url) - len(path)] + root if not is_local(url) else root
-        pattern = re.compile(glob_translate(path))
+        try:
+            pattern = re.compile(glob_translate(path))
+        except ValueError as exc:  # fsspec: "'**' can only be an entire path component"
+            raise SourceError(f"{url}: not a glob pattern ({exc})") from None
         if is_local(url):
             # as deep below root as the pattern's /s reach (an escape adds none), or any depth
             depth = None if "**" in path else path.count("/") - root.count("/")

@@ -105,6 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for note in getattr(exc, "__notes__", ()):  # the node it came from ("in node 'read' ...")
             print(f"  {note}", file=sys.stderr)
         return 1
+    except MemoryError as exc:  # a batch, a shuffle window, an image too big for this machine's memory
+        print(f"conveyor: out of memory: {exc or 'an allocation failed'}; a smaller batch size, shuffle "
+              "window, prefetch depth or image size (or fewer workers) needs less", file=sys.stderr)
+        for note in getattr(exc, "__notes__", ()):  # the node it came from
+            print(f"  {note}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
