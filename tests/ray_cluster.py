@@ -15,6 +15,11 @@ import time
 from dataclasses import dataclass, field
 
 
+# No usage stats, and no token authentication: a local ray.init (a benchmark, a user's own)
+# leaves ~/.ray/auth_token behind, and a head started after it then asks every client for it
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -51,7 +56,7 @@ def start_cluster(timeout: float = 90.0) -> Cluster:
     """A head and a second node; returns once both are up."""
     here = os.path.dirname(os.path.abspath(__file__))  # the actors import conveyor and the tests' fns
     path = os.pathsep.join([os.path.dirname(here), here] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=path)
+    env = dict(os.environ, **RAY_ENV, PYTHONPATH=path)
     temp = tempfile.mkdtemp(prefix="cr", dir="/tmp")  # short: Ray's socket paths have a limit
     port = free_port()
     cluster = Cluster(f"127.0.0.1:{port}", temp)
@@ -79,7 +84,7 @@ def _wait_nodes(cluster: Cluster, n: int, timeout: float) -> None:
             if proc.poll() is not None:
                 raise RuntimeError(f"ray start exited with {proc.returncode}; see {cluster.temp}")
         out = subprocess.run(["ray", "status", f"--address={cluster.address}"], capture_output=True,
-                             text=True, env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+                             text=True, env=dict(os.environ, **RAY_ENV))
         if out.returncode == 0 and out.stdout.count("node_") >= n:
             return
         time.sleep(1.0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conveyor import load_graph
-from ray_cluster import free_port, start_cluster
+from ray_cluster import RAY_ENV, free_port, start_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(300)
@@ -24,6 +24,8 @@ pytestmark = pytest.mark.timeout(300)
 def cluster():
     import ray
 
+    saved = {k: os.environ.get(k) for k in RAY_ENV}
+    os.environ.update(RAY_ENV)  # this process connects to the cluster as its nodes expect
     c = start_cluster()
     try:
         yield c
@@ -31,6 +33,11 @@ def cluster():
         if ray.is_initialized():
             ray.shutdown()
         c.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _spec(tmp_path: Path, workers: str, fn: str = "conveyor.files:read_numbers", on_error: str = "raise") -> Path:
