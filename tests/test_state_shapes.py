@@ -266,3 +266,30 @@ def test_a_mutated_state_is_refused_or_resumes_exactly(saved, data) -> None:
     except StateError:
         return
     assert got == rest
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_a_worker_copy_checks_its_own_state_before_its_reset(tmp_path: Path, method: str) -> None:
+    # a copy's graph is built in the copy, so its base state is checked there, named as such
+    spec = tmp_path / "copies.yaml"
+    spec.write_text(f"""workers: {{copies: 2, method: {method}, until: batch, mp_context: fork}}
+nodes:
+  files: {{op: list_files, url: "{ROOT}/examples/data/numbers/*/*.txt"}}
+  shard: {{op: shard, by: [rank, worker]}}
+  shuffle: {{op: shuffle_buffer, size: 8}}
+  parse: {{op: map, fn: "conveyor.files:read_numbers"}}
+  batch: {{op: batch, size: 2}}
+output: batch
+""")
+    with load_graph(spec) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+    rank = _rank(state)
+    base = rank["graph"]["copies"][0]["base"]
+    _holding(base, "pos")["pos"] = -1
+    with load_graph(spec) as loader:
+        with pytest.raises(StateError, match=r"worker copy > base > .*-1"):
+            loader.load_state_dict(_with(state, rank))
+            next(iter(loader))

@@ -29,6 +29,7 @@ from conveyor.nodes._workers.parent_watch import Parent, watch_parent
 from conveyor.nodes._workers.shared_slots import Lender
 from conveyor.nodes._workers.torchdata_threads import portable
 from conveyor.nodes._workers.worker_pipe import PipeOut
+from conveyor.nodes.state_shape import check_state
 
 START, ITEMS, END, ERR = "start", "items", "end", "err"
 POLL = 0.1  # seconds between looks at the stop flag and the parent while waiting
@@ -166,6 +167,9 @@ def _run_epoch(root: BaseNode, nodes: dict[str, Any], cmd_q: Any, out_q: Any, st
         if state is None:
             root.reset(None)
         else:
+            # the copy's own graph is built here: its state is checked here, before any reset
+            check_state(root, state[BASE_KEY], ("worker copy", "base"),
+                        {id(node): name for name, node in nodes.items()})
             root.reset(state[BASE_KEY])
             for _ in range(state[SKIP_KEY]):
                 next(root)  # taken from the chunk before the save: recomputed, not sent
