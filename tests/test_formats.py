@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,7 @@ def test_mds_every_encoding_equals_the_writers_truth(kind):
         assert isinstance(g["jpg"], bytes) and g["jpg"][:2] == b"\xff\xd8" and g["png"][:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("kind", ["plain", "zstd"])
+@pytest.mark.parametrize("kind", ["plain", "zstd", "framed"])
 def test_litdata_every_field_equals_the_writers_truth(kind):
     got = sorted(read(ListLitdata, str(FIX / "litdata" / kind)), key=lambda r: r["index"])
     want = TRUTH["litdata"]["samples"]
@@ -100,7 +101,8 @@ def spec(tmp_path: Path, op: str, root: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("op,kind", [("list_mds", "mds/zstd"), ("list_litdata", "litdata/plain")])
+@pytest.mark.parametrize("op,kind", [("list_mds", "mds/zstd"), ("list_litdata", "litdata/plain"),
+                                     ("list_litdata", "litdata/framed")])
 def test_len_from_index_and_exact_resume(tmp_path, op, kind):
     path = spec(tmp_path, op, str(FIX / kind))
     with load_graph(path) as loader:
@@ -132,18 +134,21 @@ def test_bad_column_encoding_names_shard_and_column(tmp_path):
         read(ListMds, str(root), allow_pickle=True)
 
 
-def test_litdata_chunk_cut_short(tmp_path):
-    root = copy(tmp_path, "litdata/plain")
+@pytest.mark.parametrize("kind", ["plain", "framed", "options/sample", "options/text"])
+def test_litdata_chunk_cut_short(tmp_path, kind):
+    root = copy(tmp_path, f"litdata/{kind}")
     chunk = root / "chunk-0-1.bin"
     chunk.write_bytes(chunk.read_bytes()[:-50])
     with pytest.raises(SampleError, match=r"chunk-0-1\.bin: .*cut short"):
         read(ListLitdata, str(root))
     node = ReadSamples(ListLitdata(url=str(root)), on_error="skip")
-    assert len(list(node)) == 8 and node.stats()["skipped"] == 4
+    total = 10 if kind.startswith("options") else 12
+    assert len(list(node)) == total - 4 and node.stats()["skipped"] == 4  # chunk 1's samples, counted
     node.close()
 
 
-@pytest.mark.parametrize("kind,name", [("mds/plain", "shard.00002.mds"), ("litdata/zstd", "chunk-0-2.zstd.bin")])
+@pytest.mark.parametrize("kind,name", [("mds/plain", "shard.00002.mds"), ("litdata/zstd", "chunk-0-2.zstd.bin"),
+                                       ("litdata/framed", "chunk-0-2.bin"), ("litdata/options/text", "chunk-0-2.bin")])
 def test_index_not_matching_its_shards(tmp_path, kind, name):
     root = copy(tmp_path, kind)
     index = json.loads((root / "index.json").read_text())
@@ -159,7 +164,7 @@ def test_no_index_is_a_source_error(tmp_path):
         ListMds(url=str(tmp_path)).count()
 
 
-@pytest.mark.parametrize("kind", ["mds/plain", "litdata/zstd"])
+@pytest.mark.parametrize("kind", ["mds/plain", "litdata/zstd", "litdata/framed"])
 def test_on_s3(s3, tmp_path, kind):
     url = s3.upload(FIX / kind, kind)
     cls = ListMds if kind.startswith("mds") else ListLitdata
@@ -210,3 +215,116 @@ output: collate
     assert len(batches) == 3
     assert tuple(batches[0]["image"].shape) == (4, 3, 16, 16)
     assert batches[0]["label"].tolist() == [0, 1, 2, 3]
+
+
+def plain(value):
+    """A value read by conveyor as make_fixtures.py writes litdata's own reading to truth.json."""
+    if isinstance(value, np.ndarray):
+        return {"dtype": value.dtype.name, "shape": list(value.shape), "b64": base64.b64encode(value.tobytes()).decode()}
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return [plain(v) for v in value] if isinstance(value, list) else value
+
+
+@pytest.mark.parametrize("name", sorted(TRUTH["litdata"]["options"]))
+def test_litdata_options_equal_litdatas_own_reader(name):
+    # framed zstd with optimize()'s defaults, zstd:9 a sample at a time, chunk_bytes, and the
+    # samples litdata keeps as Arrow rows (text and numbers; lists and dicts)
+    got = read(ListLitdata, str(FIX / "litdata/options" / name))
+    want = TRUTH["litdata"]["options"][name]
+    assert [r.pop("index") for r in got] == list(range(len(want))) == list(range(10))
+    assert [plain({k: v for k, v in r.items() if k != "__url__"}) for r in got] == want
+
+
+def test_framed_chunks_hold_several_frames_read_one_at_a_time():
+    # compression_batch_size 3 over chunks of 4: two frames a chunk, each read and decompressed
+    # once (a ranged read of its own bytes), the chunk's header once
+    index = json.loads((FIX / "litdata/framed/index.json").read_text())["config"]
+    assert (index["compression"], index["compression_level"], index["compression_batch_size"]) == ("zstd", "batch", 3)
+    node = ReadSamples(ListLitdata(url=str(FIX / "litdata/framed")), keep=1)
+    try:
+        got = list(node)
+        assert [r["index"] for r in got] == list(range(12))
+        stats = node.storage.stats.as_dict()
+        assert stats["requests"] == 1 + 3 * 2 + 6  # the index; per chunk its header and size; 6 frames
+        assert stats["bytes"] == sum(p.stat().st_size for p in (FIX / "litdata/framed").iterdir())  # each once
+    finally:
+        node.close()
+
+
+def framed_frame(root: Path, chunk: str, frame: int) -> tuple[int, int]:
+    """The file offset and compressed length of ``frame`` of a framed chunk (litdata's layout)."""
+    data = (root / chunk).read_bytes()
+    n, n_frames = struct.unpack_from("<I", data, 12)[0], struct.unpack_from("<I", data, 20)[0]
+    assert data[:8] == b"LDFZ01\0\0" and n_frames == 2
+    _, _, start, packed, _ = struct.unpack_from("<IIQII", data, 24 + 4 * (n + 1) + 24 * frame)
+    return start, packed
+
+
+def test_a_corrupt_frame_names_chunk_and_sample_or_is_skipped(tmp_path):
+    root = copy(tmp_path, "litdata/framed")
+    start, packed = framed_frame(root, "chunk-0-1.bin", 1)  # samples 3 of chunk 1: index 7
+    data = bytearray((root / "chunk-0-1.bin").read_bytes())
+    data[start + 4:start + packed] = bytes(packed - 4)  # the zstd magic kept, its body zeroed
+    (root / "chunk-0-1.bin").write_bytes(bytes(data))
+    with pytest.raises(SampleError, match=r"chunk-0-1\.bin: sample 3 \(frame 1, samples 3-3\): does not decompress"):
+        read(ListLitdata, str(root))
+    node = ReadSamples(ListLitdata(url=str(root)), on_error="skip")
+    assert [r["index"] for r in node] == [i for i in range(12) if i != 7] and node.stats()["skipped"] == 1
+    node.close()
+
+
+def test_a_framed_chunk_the_index_does_not_name_is_a_sample_error(tmp_path):
+    # the index lost its compression_level: the chunk is read as plain and its magic found
+    root = copy(tmp_path, "litdata/framed")
+    index = json.loads((root / "index.json").read_text())
+    index["config"]["compression"] = index["config"]["compression_level"] = None
+    (root / "index.json").write_text(json.dumps(index))
+    with pytest.raises(SampleError, match=r"chunk-0-0\.bin: a framed zstd chunk \(LDFZ01\)"):
+        read(ListLitdata, str(root))
+    # and the other way: the index says batch, the chunk is not framed
+    root = copy(tmp_path, "litdata/plain")
+    index = json.loads((root / "index.json").read_text())
+    index["config"].update(compression="zstd", compression_level="batch")
+    (root / "index.json").write_text(json.dumps(index))
+    with pytest.raises(SampleError, match=r"chunk-0-0\.bin: not a framed zstd chunk"):
+        read(ListLitdata, str(root))
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"compression_level": "frame"}, "compression_level 'frame' is not one of chunk, batch, sample"),
+    ({"compression": "gz", "compression_level": "batch"}, "compression_level 'batch' with compression 'gz'"),
+    ({"data_format": ["json", "no_header_numpy:2", "int", "str"]}, r"leaf 0: serializer 'json'.*beside 'no_header_numpy:2'"),
+])
+def test_litdata_index_options_not_read_are_source_errors(tmp_path, config, message):
+    root = copy(tmp_path, "litdata/options/default")
+    index = json.loads((root / "index.json").read_text())
+    index["config"].update(config)
+    (root / "index.json").write_text(json.dumps(index))
+    with pytest.raises(SourceError, match=rf"litdata: .*index\.json: {message}"):
+        ListLitdata(url=str(root)).count()
+        read(ListLitdata, str(root))
+
+
+def test_arrow_rows_on_s3(s3):
+    url = s3.upload(FIX / "litdata/options/text", "text")
+    got = read(ListLitdata, url)
+    assert [r["text"] for r in got] == [w["text"] for w in TRUTH["litdata"]["options"]["text"]]
+
+
+@pytest.mark.parametrize("old,new", [(2, 3), (3, 2)])
+def test_framed_resumes_on_another_world_size(monkeypatch, tmp_path, old, new):
+    from test_elastic import _all_ids, _exactly_once, _interrupt, _resume
+
+    spec = tmp_path / "framed.yaml"
+    spec.write_text(f"""nodes:
+  samples: {{op: list_litdata, url: "{FIX / 'litdata/framed'}"}}
+  shard: {{op: shard, by: [rank, worker]}}
+  read: {{op: read_samples}}
+  batch: {{op: batch, size: 2}}
+output: batch
+""")
+    assert _all_ids(monkeypatch, spec) == list(range(12))
+    taken, states = _interrupt(monkeypatch, spec, old, 1)
+    rest, _ = _resume(monkeypatch, spec, new, states)
+    _exactly_once(12, taken, rest)

@@ -3,13 +3,28 @@
 Both are folders with an ``index.json`` and shards (MDS's ``shard.NNNNN.mds[.zstd]``, LitData's
 ``chunk-R-I[.zstd].bin``) laid out the same way: ``[n: u32][offsets: (n+1) u32][samples]``,
 each sample ``[sizes: u32 each][fields]``. MDS gives the sizes of variable-size columns only
-(``column_sizes`` in the index), LitData of every leaf of its pytree. A compressed shard is
-compressed whole, so it is read whole and decompressed (kept in memory, a few at a time); an
-uncompressed one is read a sample at a time (``[start, end)`` of its offsets).
+(``column_sizes`` in the index), LitData of every leaf of its pytree.
+
+A shard has one of these layouts (``Shard.layout``):
+
+- ``plain``: uncompressed, read a sample at a time (``[start, end)`` of its offsets). A LitData
+  chunk whose samples are all empty and that ends in ``LDARW01\\0`` keeps its rows in an Arrow
+  IPC footer instead (``[ipc][len: u32][magic]``; what ``optimize()`` writes for samples of
+  strings and numbers only); its rows are read once with pyarrow and kept.
+- ``chunk``: compressed whole (MDS ``compression``, LitData ``compression_level="chunk"``), so
+  read whole and decompressed, a few kept in memory.
+- ``batch``: LitData's framed zstd, ``optimize(compression="zstd")``'s default: ``LDFZ01\\0\\0``,
+  ``version u16, flags u16, n u32, rows-per-frame u32, frames u32``, then ``n+1`` u32 offsets
+  of the samples in the concatenated uncompressed bytes, then per frame ``first u32, count u32,
+  file offset u64, compressed u32, uncompressed u32``, then the zstd frames. The header is read
+  once, then a sample's frame (one ranged read) is decompressed and kept.
+- ``sample``: LitData's ``compression_level="sample"``: the plain layout, each sample its own
+  zstd frame.
 
 Everything that does not fit is an error naming the file: an index that does not parse or names
 an encoding this reader does not know (``SourceError``, at listing time), and a shard whose
-header or size does not match its index, or that is cut short (``SampleError``).
+header or size does not match its index, or that is cut short or corrupt (``SampleError``,
+naming the sample).
 """
 
 from __future__ import annotations
@@ -48,6 +63,13 @@ _LIT_TORCH = ["float32", "float32", "float64", "float64", "complex64", "complex6
               "int64", "bool", "uint16"]
 _LIT_KNOWN = {"int", "float", "str", "bytes", "bool", "pil", "jpeg", "numpy", "no_header_numpy", "tensor",
               "no_header_tensor", "pickle"}
+_LIT_LEVELS = ("chunk", "batch", "sample")  # LitData's compression_level: how much one zstd frame wraps
+_LIT_FRAME_ROWS = 256  # optimize()'s compression_batch_size when the index does not say
+_FRAMED_MAGIC = b"LDFZ01\0\0"
+_FRAMED_PREFIX = struct.Struct("<8sHHIII")
+_FRAMED_FRAME = struct.Struct("<IIQII")
+_ARROW_MAGIC = b"LDARW01\0"
+_LIT_ARROW_LEAVES = {"str", "int", "float", "bool", "bytes", "json"}  # samples litdata writes as Arrow rows
 
 
 def _decompressor(codec: str | None, where: str) -> Callable[[bytes], bytes] | None:
@@ -60,7 +82,14 @@ def _decompressor(codec: str | None, where: str) -> Callable[[bytes], bytes] | N
         except ImportError:
             raise SourceError(f"{where}: zstd-compressed shards need the zstandard package: "
                               "pip install 'conveyor[formats]'") from None
-        return lambda data: zstandard.ZstdDecompressor().decompressobj().decompress(data)
+
+        def zstd(data: bytes) -> bytes:
+            stream = zstandard.ZstdDecompressor().decompressobj()
+            out = stream.decompress(data)
+            if not stream.eof:
+                raise ValueError("the zstd frame is cut short")
+            return out
+        return zstd
     if name == "gz":
         return gzip.decompress
     if name == "bz2":
@@ -68,16 +97,21 @@ def _decompressor(codec: str | None, where: str) -> Callable[[bytes], bytes] | N
     raise SourceError(f"{where}: compression {codec!r} is not read by conveyor (zstd, gz and bz2 are)")
 
 
+LAYOUTS = ("plain", "chunk", "batch", "sample")
+
+
 @dataclass(frozen=True)
 class Shard:
-    """One shard: its file's URL, its sample count, the bytes the index says it has (or None),
-    and how it is compressed."""
+    """One shard: its file's URL, its sample count, the bytes the index says it has on disk (or
+    None), how it is compressed and laid out (``LAYOUTS``, see the module's docstring)."""
 
     url: str
     samples: int
     size: int | None
     decompress: Callable[[bytes], bytes] | None
     raw_size: int | None = None  # a compressed shard's bytes once decompressed, when known
+    layout: str = "plain"
+    frame_rows: int = _LIT_FRAME_ROWS  # samples per zstd frame (layout "batch"), as the index says
 
 
 def _array(a: np.ndarray) -> np.ndarray:
@@ -154,6 +188,11 @@ def mds_decoder(encoding: str, where: str, allow_pickle: bool) -> Callable[[byte
 def lit_decoder(fmt: str, where: str, allow_pickle: bool) -> Callable[[bytes], Any]:
     """The function turning one LitData leaf's bytes into its value (images as for MDS)."""
     base, _, arg = fmt.partition(":")
+    if base == "json":  # litdata's own binary list/dict; its rows are in the chunk's Arrow footer
+        def json_leaf(d: bytes) -> Any:
+            raise ValueError("a 'json' leaf (litdata's binary list or dict) is read from the chunk's Arrow "
+                             "footer, and this chunk has none")
+        return json_leaf
     if base not in _LIT_KNOWN:
         raise SourceError(f"{where}: serializer {fmt!r} is not read by conveyor (it reads "
                           f"{', '.join(sorted(_LIT_KNOWN))}); re-write that field with one of them")
@@ -246,7 +285,8 @@ def _open_mds(root: str, url: str, index: dict, allow_pickle: bool) -> SampleSet
         cols = [(n, mds_decoder(e, f"{where}: column {n!r}", allow_pickle), z)
                 for n, e, z in zip(s["column_names"], s["column_encodings"], s["column_sizes"])]
         shard = Shard(f"{root}/{name}", int(s["samples"]), data.get("bytes"),
-                      _decompressor(s.get("compression"), where), (s.get("raw_data") or {}).get("bytes"))
+                      _decompressor(s.get("compression"), where), (s.get("raw_data") or {}).get("bytes"),
+                      "chunk" if s.get("compression") else "plain")
         decoders[shard.url] = cols
         shards.append(shard)
 
@@ -273,17 +313,35 @@ def _open_litdata(root: str, url: str, index: dict, allow_pickle: bool) -> Sampl
                           "PyTreeLoader datasets (optimize()'s default)")
     if config.get("encryption"):
         raise SourceError(f"litdata: {url}: encrypted chunks are not read by conveyor")
-    if config.get("compression_level") not in (None, "chunk"):
-        raise SourceError(f"litdata: {url}: compression_level {config['compression_level']!r}: conveyor "
-                          "reads whole-chunk compression (compression_level='chunk') only")
-    fns = [lit_decoder(f, f"litdata: {url}: leaf {i}", allow_pickle) for i, f in enumerate(config["data_format"])]
+    level = config.get("compression_level") or "chunk"  # None: whole-chunk (or no) compression
+    if not isinstance(level, str) or level.strip().lower() not in _LIT_LEVELS:
+        raise SourceError(f"litdata: {url}: compression_level {level!r} is not one of {', '.join(_LIT_LEVELS)}")
+    level = level.strip().lower()
+    codec = config.get("compression")
+    if level != "chunk" and not str(codec or "").startswith("zstd"):
+        raise SourceError(f"litdata: {url}: compression_level {level!r} with compression {codec!r}: "
+                          "litdata frames zstd only")
+    formats = config["data_format"]
+    fns = [lit_decoder(f, f"litdata: {url}: leaf {i}", allow_pickle) for i, f in enumerate(formats)]
+    other = [f for f in formats if f.partition(":")[0] not in _LIT_ARROW_LEAVES]
+    if "json" in formats and other:
+        raise SourceError(f"litdata: {url}: leaf {formats.index('json')}: serializer 'json' (litdata's binary list "
+                          f"or dict) beside {other[0]!r}: litdata keeps such samples in that encoding only, which "
+                          "conveyor does not read (it reads the Arrow rows litdata writes when every field is "
+                          "text, numbers or lists)")
     spec = json.loads(config["data_spec"])
     tree = _tree(spec[1] if isinstance(spec, list) else spec, f"litdata: {url}")
-    codec = config.get("compression")
-    # chunk_bytes is the chunk's size before compression
-    shards = [Shard(f"{root}/{c['filename']}", int(c["chunk_size"]), None if codec else c.get("chunk_bytes"),
-                    _decompressor(codec, f"litdata: {root}/{c['filename']}"), c.get("chunk_bytes") if codec else None)
-              for c in index["chunks"]]
+    rows = int(config.get("compression_batch_size") or _LIT_FRAME_ROWS)
+    shards = []
+    for c in index["chunks"]:
+        name = f"{root}/{c['filename']}"
+        decompress = _decompressor(codec, f"litdata: {name}")
+        if not codec:
+            shards.append(Shard(name, int(c["chunk_size"]), c.get("chunk_bytes"), None))
+        elif level == "chunk":  # chunk_bytes is the chunk's size before compression
+            shards.append(Shard(name, int(c["chunk_size"]), None, decompress, c.get("chunk_bytes"), "chunk"))
+        else:  # framed: chunk_bytes is the file's size
+            shards.append(Shard(name, int(c["chunk_size"]), c.get("chunk_bytes"), decompress, None, level, rows))
     n = len(fns)
 
     def decode(raw: bytes, shard_url: str) -> dict:
@@ -301,59 +359,173 @@ def _open_litdata(root: str, url: str, index: dict, allow_pickle: bool) -> Sampl
 
 
 class ShardReader:
-    """Reads samples out of a set's shards: offsets read once per shard, a sample one ranged read
-    (uncompressed), a compressed shard read whole and kept (``keep`` at a time)."""
+    """Reads samples out of a set's shards: offsets (or a framed chunk's header) read once per
+    shard; a sample one ranged read (plain, ``sample``), a frame one ranged read and kept
+    (``batch``), a compressed shard read whole and kept (``chunk``); ``keep`` frames, shards or
+    Arrow tables at a time."""
 
     def __init__(self, storage: Storage, keep: int = 2):
         self.storage, self.keep = storage, keep
         self._offsets: dict[str, tuple[int, ...]] = {}
-        self._whole: OrderedDict[str, bytes] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self._framed: dict[str, tuple[tuple[int, ...], list[tuple[int, int, int, int, int]]]] = {}
+        self._kept: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
+
+    def _keep(self, key: str, load: Callable[[], Any]) -> Any:
+        with self._lock:
+            found = self._kept.get(key)
+            if found is not None:
+                self._kept.move_to_end(key)
+                return found
+        found = load()
+        with self._lock:
+            self._kept[key] = found
+            while len(self._kept) > self.keep:
+                self._kept.popitem(last=False)
+        return found
+
+    def _size(self, shard: Shard, data: bytes | None = None) -> int:
+        size = len(data) if data is not None else self._sizes.get(shard.url)
+        if size is None:
+            size = self._sizes[shard.url] = self.storage.size(shard.url)
+        if shard.size is not None and shard.layout != "chunk" and size != shard.size:
+            raise SampleError(f"{shard.url}: {size} bytes, {INDEX} says {shard.size}: "
+                              f"{'cut short' if size < shard.size else 'it does not match its index'}")
+        return size
+
+    def _count(self, shard: Shard, count: int) -> None:
+        if count != shard.samples:
+            raise SampleError(f"{shard.url}: its header holds {count} samples, {INDEX} lists {shard.samples}: the "
+                              "index does not match its shards")
 
     def _header(self, shard: Shard, data: bytes | None) -> tuple[int, ...]:
         n = shard.samples
         head = data[:8 + 4 * n] if data is not None else self.storage.read(shard.url, 0, 8 + 4 * n)
+        if head[:8] == _FRAMED_MAGIC:
+            raise SampleError(f"{shard.url}: a framed zstd chunk (LDFZ01), though {INDEX} does not say "
+                              "compression_level 'batch': the index does not match its shards")
         if len(head) < 8 + 4 * n:
             raise SampleError(f"{shard.url}: cut short: {len(head)} bytes, less than its header")
-        count, = _U32.unpack_from(head)
-        if count != n:
-            raise SampleError(f"{shard.url}: its header holds {count} samples, {INDEX} lists {n}: the "
-                              "index does not match its shards")
+        self._count(shard, _U32.unpack_from(head)[0])
         offsets = struct.unpack_from(f"<{n + 1}I", head, 4)
-        size = len(data) if data is not None else self.storage.size(shard.url)
-        if shard.size is not None and shard.decompress is None and size != shard.size:
-            raise SampleError(f"{shard.url}: {size} bytes, {INDEX} says {shard.size}: "
-                              f"{'cut short' if size < shard.size else 'it does not match its index'}")
-        if offsets[-1] > size:
-            raise SampleError(f"{shard.url}: cut short: {size} bytes, its samples end at byte {offsets[-1]}")
+        size = self._size(shard, data)
+        if offsets[-1] > size or any(a > b for a, b in zip(offsets, offsets[1:])):
+            raise SampleError(f"{shard.url}: cut short: {size} bytes, its samples end at byte {offsets[-1]}"
+                              if offsets[-1] > size else f"{shard.url}: its sample offsets are out of order")
         return offsets
 
-    def sample(self, shard: Shard, pos: int) -> bytes:
-        """The bytes of sample ``pos`` of ``shard``."""
-        data = None
-        if shard.decompress is not None:
-            with self._lock:
-                data = self._whole.get(shard.url)
-                if data is not None:
-                    self._whole.move_to_end(shard.url)
-            if data is None:
-                packed = self.storage.read(shard.url)
-                if shard.size is not None and len(packed) != shard.size:
-                    raise SampleError(f"{shard.url}: {len(packed)} bytes, {INDEX} says {shard.size}: "
-                                      f"{'cut short' if len(packed) < shard.size else 'not its index'}")
-                try:
-                    data = shard.decompress(packed)
-                except Exception as exc:
-                    raise SampleError(f"{shard.url}: does not decompress ({type(exc).__name__}: {exc})") from None
-                if shard.raw_size is not None and len(data) != shard.raw_size:
-                    raise SampleError(f"{shard.url}: {len(data)} bytes decompressed, {INDEX} says "
-                                      f"{shard.raw_size}: it does not match its index")
-                with self._lock:
-                    self._whole[shard.url] = data
-                    while len(self._whole) > self.keep:
-                        self._whole.popitem(last=False)
+    def _whole(self, shard: Shard) -> bytes:
+        packed = self.storage.read(shard.url)
+        if shard.size is not None and len(packed) != shard.size:
+            raise SampleError(f"{shard.url}: {len(packed)} bytes, {INDEX} says {shard.size}: "
+                              f"{'cut short' if len(packed) < shard.size else 'not its index'}")
+        try:
+            data = shard.decompress(packed)
+        except Exception as exc:
+            raise SampleError(f"{shard.url}: does not decompress ({type(exc).__name__}: {exc})") from None
+        if shard.raw_size is not None and len(data) != shard.raw_size:
+            raise SampleError(f"{shard.url}: {len(data)} bytes decompressed, {INDEX} says "
+                              f"{shard.raw_size}: it does not match its index")
+        return data
+
+    def _framed_header(self, shard: Shard) -> tuple[tuple[int, ...], list[tuple[int, int, int, int, int]]]:
+        """A framed chunk's sample offsets (in its uncompressed bytes) and frame table, checked."""
+        n, k, url = shard.samples, shard.frame_rows, shard.url
+        end = _FRAMED_PREFIX.size + 4 * (n + 1) + _FRAMED_FRAME.size * (-(-n // k))
+        head = self.storage.read(url, 0, end)
+        if len(head) >= 8 and head[:8] != _FRAMED_MAGIC:
+            raise SampleError(f"{url}: not a framed zstd chunk (no LDFZ01 at its start), though {INDEX} says "
+                              "compression_level 'batch': the index does not match its shards")
+        if len(head) < _FRAMED_PREFIX.size:
+            raise SampleError(f"{url}: cut short: {len(head)} bytes, less than its framed zstd header")
+        _, version, _, count, k, n_frames = _FRAMED_PREFIX.unpack_from(head)
+        if version != 1:
+            raise SampleError(f"{url}: framed zstd version {version} (conveyor reads version 1)")
+        self._count(shard, count)
+        table = _FRAMED_PREFIX.size + 4 * (n + 1)
+        end = table + _FRAMED_FRAME.size * n_frames
+        if k < 1 or n_frames != -(-n // k):
+            raise SampleError(f"{url}: its framed zstd header says {n_frames} frames of {k} for {n} samples")
+        if len(head) < end:
+            head += self.storage.read(url, len(head), end)
+        if len(head) < end:
+            raise SampleError(f"{url}: cut short: {len(head)} bytes, less than its framed zstd header ({end})")
+        offsets = struct.unpack_from(f"<{n + 1}I", head, _FRAMED_PREFIX.size)
+        size = self._size(shard)
+        frames = [_FRAMED_FRAME.unpack_from(head, table + 24 * f) for f in range(n_frames)]
+        for f, (first, items, start, packed, raw) in enumerate(frames):
+            if (first, items) != (f * k, min(k, n - f * k)) or start < end or offsets[0] != 0 \
+                    or raw != offsets[first + items] - offsets[first] or offsets[first + items] < offsets[first]:
+                raise SampleError(f"{url}: frame {f} of its framed zstd table does not match its offsets")
+            if start + packed > size:
+                raise SampleError(f"{url}: cut short: {size} bytes, frame {f} (samples {first}-{first + items - 1}) "
+                                  f"ends at byte {start + packed}")
+        return offsets, frames
+
+    def _frame(self, shard: Shard, frame: tuple[int, int, int, int, int], f: int, pos: int) -> bytes:
+        first, items, start, packed, raw = frame
+        where = f"{shard.url}: sample {pos} (frame {f}, samples {first}-{first + items - 1})"
+        body = self.storage.read(shard.url, start, start + packed)
+        if len(body) != packed:
+            raise SampleError(f"{where}: cut short: {len(body)} of its {packed} compressed bytes")
+        try:
+            data = shard.decompress(body)
+        except Exception as exc:
+            raise SampleError(f"{where}: does not decompress ({type(exc).__name__}: {exc})") from None
+        if len(data) != raw:
+            raise SampleError(f"{where}: {len(data)} bytes decompressed, its frame table says {raw}")
+        return data
+
+    def _arrow(self, shard: Shard, offsets: tuple[int, ...]) -> list[dict] | None:
+        """The rows of a chunk's Arrow footer, or None when it has none."""
+        size = self._size(shard)
+        tail = self.storage.read(shard.url, size - 12, size) if size >= offsets[-1] + 12 else b""
+        if tail[-8:] != _ARROW_MAGIC:
+            return None
+        length = _U32.unpack_from(tail)[0]
+        if size - 12 - length < offsets[-1]:
+            raise SampleError(f"{shard.url}: its Arrow footer says {length} bytes, more than the chunk holds")
+        try:
+            import pyarrow as pa
+        except ImportError:
+            raise SourceError(f"{shard.url}: LitData's Arrow rows need pyarrow: pip install 'conveyor[parquet]'") from None
+        ipc = pa.py_buffer(self.storage.read(shard.url, size - 12 - length, size - 12))
+        try:
+            reader = pa.ipc.open_file(ipc) if ipc.to_pybytes()[:6] == b"ARROW1" else pa.ipc.open_stream(ipc)
+            rows = reader.read_all().to_pylist()
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise SampleError(f"{shard.url}: its Arrow footer does not read ({type(exc).__name__}: {exc})") from None
+        self._count(shard, len(rows))
+        return rows
+
+    def sample(self, shard: Shard, pos: int) -> bytes | dict:
+        """The bytes of sample ``pos`` of ``shard``, or its fields (a dict) where the chunk keeps
+        its rows in an Arrow footer."""
+        if shard.layout == "batch":
+            header = self._framed.get(shard.url)
+            if header is None:
+                header = self._framed[shard.url] = self._framed_header(shard)
+            offsets, frames = header
+            f = pos // shard.frame_rows
+            data = self._keep(f"{shard.url}#{f}", lambda: self._frame(shard, frames[f], f, pos))
+            base = offsets[frames[f][0]]
+            return data[offsets[pos] - base:offsets[pos + 1] - base]
+        data = self._keep(shard.url, lambda: self._whole(shard)) if shard.layout == "chunk" else None
         offsets = self._offsets.get(shard.url)
         if offsets is None:
             offsets = self._offsets[shard.url] = self._header(shard, data)
         start, end = offsets[pos], offsets[pos + 1]
-        return data[start:end] if data is not None else self.storage.read(shard.url, start, end)
+        if data is not None:
+            return data[start:end]
+        if shard.layout == "plain" and offsets[0] == offsets[-1]:  # no sample bytes: rows in an Arrow footer?
+            rows = self._keep(f"{shard.url}#arrow", lambda: self._arrow(shard, offsets) or [])
+            if rows:
+                return dict(rows[pos])
+        raw = self.storage.read(shard.url, start, end)
+        if shard.layout != "sample":
+            return raw
+        try:
+            return shard.decompress(raw)
+        except Exception as exc:
+            raise SampleError(f"{shard.url}: sample {pos} does not decompress ({type(exc).__name__}: {exc})") from None

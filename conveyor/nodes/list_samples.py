@@ -48,7 +48,8 @@ class _ListSamples(ListFiles):
         names, records = [], []
         for i, shard in enumerate(shards):
             names.append(f"{shard.url.rsplit('/', 1)[-1]}#{shard.samples}")
-            records.extend({self.KIND: self.url, "shard": i, "pos": j, "index": len(records) + j}
+            base = len(records)  # the generator below grows records as it goes
+            records.extend({self.KIND: self.url, "shard": i, "pos": j, "index": base + j}
                            for j in range(shard.samples))
         self.classes = []
         return names, records

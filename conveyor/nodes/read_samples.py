@@ -9,8 +9,12 @@ functions decode. ``index`` stays the listing's sample id unless the dataset has
 that name, whose value then wins; ``__url__`` is the shard.
 
 An uncompressed shard is read one sample at a time (one ranged read, the shard's offsets read
-once); a compressed one is read whole and decompressed, the last ``keep`` kept in memory: with
-a global shuffle over compressed shards, prefer ``shuffle_buffer`` (or ``conveyor pack --from``).
+once), and so is a LitData chunk compressed a sample at a time (``compression_level="sample"``);
+LitData's framed zstd (``optimize(compression="zstd")``'s default) a frame at a time (its header
+read once, a frame one ranged read, decompressed); a shard compressed whole is read whole and
+decompressed. The last ``keep`` frames or shards are kept in memory: with a global shuffle over
+compressed shards, prefer ``shuffle_buffer`` (or ``conveyor pack --from``). A LitData chunk that
+keeps its rows in an Arrow footer (samples of text and numbers only) is read with pyarrow.
 A shard that does not match its index or is cut short is a ``SampleError`` naming it, or with
 ``on_error="skip"`` its samples are skipped and counted. The node keeps no position of its
 own: its state is its input's, so resume is exact and elastic wherever the listing's is.
@@ -19,6 +23,7 @@ own: its state is its input's, so resume is exact and elastic wherever the listi
 from __future__ import annotations
 
 import logging
+import struct
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -43,7 +48,7 @@ class ReadSamples(BaseNode[dict]):
         on_error: ``"raise"`` or ``"skip"`` (a shard that does not match its index, cut short).
         storage_options: fsspec options; never logged.
         policy: the retry policy for every read.
-        keep: compressed shards kept in memory, decompressed.
+        keep: compressed shards (or frames, or Arrow footers) kept in memory, decompressed.
         allow_pickle: accept ``pkl``/``pickle`` fields.
         where: text for error notes.
 
@@ -109,8 +114,9 @@ class ReadSamples(BaseNode[dict]):
             try:
                 raw = self.reader.sample(shard, pos)
                 try:
-                    fields = sample_set.decode(raw, shard.url)
-                except (ValueError, IndexError, KeyError, TypeError, UnicodeDecodeError, EOFError) as exc:
+                    fields = raw if isinstance(raw, dict) else sample_set.decode(raw, shard.url)
+                except (ValueError, IndexError, KeyError, TypeError, UnicodeDecodeError, EOFError,
+                        struct.error) as exc:
                     raise SampleError(f"{shard.url}: sample {pos} does not decode "
                                       f"({type(exc).__name__}: {exc})") from None
             except SampleError as exc:
