@@ -252,6 +252,17 @@ def test_framed_chunks_hold_several_frames_read_one_at_a_time():
         node.close()
 
 
+def test_framed_rows_a_frame_come_from_the_chunk(tmp_path):
+    # an index without compression_batch_size (256 assumed): the header's own 3 decide
+    root = copy(tmp_path, "litdata/framed")
+    index = json.loads((root / "index.json").read_text())
+    del index["config"]["compression_batch_size"]
+    (root / "index.json").write_text(json.dumps(index))
+    got = read(ListLitdata, str(root))
+    assert [r["name"] for r in got] == [w["name"] for w in TRUTH["litdata"]["samples"]]
+    assert [r["blob"] for r in got] == [base64.b64decode(w["blob"]) for w in TRUTH["litdata"]["samples"]]
+
+
 def framed_frame(root: Path, chunk: str, frame: int) -> tuple[int, int]:
     """The file offset and compressed length of ``frame`` of a framed chunk (litdata's layout)."""
     data = (root / chunk).read_bytes()

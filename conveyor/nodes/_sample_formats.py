@@ -368,7 +368,7 @@ class ShardReader:
         self.storage, self.keep = storage, keep
         self._offsets: dict[str, tuple[int, ...]] = {}
         self._sizes: dict[str, int] = {}
-        self._framed: dict[str, tuple[tuple[int, ...], list[tuple[int, int, int, int, int]]]] = {}
+        self._framed: dict[str, tuple[tuple[int, ...], list[tuple[int, int, int, int, int]], int]] = {}
         self._kept: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -429,8 +429,9 @@ class ShardReader:
                               f"{shard.raw_size}: it does not match its index")
         return data
 
-    def _framed_header(self, shard: Shard) -> tuple[tuple[int, ...], list[tuple[int, int, int, int, int]]]:
-        """A framed chunk's sample offsets (in its uncompressed bytes) and frame table, checked."""
+    def _framed_header(self, shard: Shard) -> tuple[tuple[int, ...], list[tuple[int, int, int, int, int]], int]:
+        """A framed chunk's sample offsets (in its uncompressed bytes), frame table and samples a
+        frame (its own, whatever the index says), checked."""
         n, k, url = shard.samples, shard.frame_rows, shard.url
         end = _FRAMED_PREFIX.size + 4 * (n + 1) + _FRAMED_FRAME.size * (-(-n // k))
         head = self.storage.read(url, 0, end)
@@ -461,7 +462,7 @@ class ShardReader:
             if start + packed > size:
                 raise SampleError(f"{url}: cut short: {size} bytes, frame {f} (samples {first}-{first + items - 1}) "
                                   f"ends at byte {start + packed}")
-        return offsets, frames
+        return offsets, frames, k
 
     def _frame(self, shard: Shard, frame: tuple[int, int, int, int, int], f: int, pos: int) -> bytes:
         first, items, start, packed, raw = frame
@@ -506,8 +507,8 @@ class ShardReader:
             header = self._framed.get(shard.url)
             if header is None:
                 header = self._framed[shard.url] = self._framed_header(shard)
-            offsets, frames = header
-            f = pos // shard.frame_rows
+            offsets, frames, k = header
+            f = pos // k
             data = self._keep(f"{shard.url}#{f}", lambda: self._frame(shard, frames[f], f, pos))
             base = offsets[frames[f][0]]
             return data[offsets[pos] - base:offsets[pos + 1] - base]
