@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from conveyor import SampleError, SourceError, load_graph
@@ -219,6 +220,8 @@ output: collate
 
 def plain(value):
     """A value read by conveyor as make_fixtures.py writes litdata's own reading to truth.json."""
+    if isinstance(value, torch.Tensor):
+        value = value.numpy()
     if isinstance(value, np.ndarray):
         return {"dtype": value.dtype.name, "shape": list(value.shape), "b64": base64.b64encode(value.tobytes()).decode()}
     if isinstance(value, dict):
@@ -228,8 +231,8 @@ def plain(value):
 
 @pytest.mark.parametrize("name", sorted(TRUTH["litdata"]["options"]))
 def test_litdata_options_equal_litdatas_own_reader(name):
-    # framed zstd with optimize()'s defaults, zstd:9 a sample at a time, chunk_bytes, and the
-    # samples litdata keeps as Arrow rows (text and numbers; lists and dicts)
+    # framed zstd with optimize()'s defaults, zstd:9 a sample at a time, chunk_bytes, torch
+    # tensors, and the samples litdata keeps as Arrow rows (text and numbers; lists and dicts)
     got = read(ListLitdata, str(FIX / "litdata/options" / name))
     want = TRUTH["litdata"]["options"][name]
     assert [r.pop("index") for r in got] == list(range(len(want))) == list(range(10))
