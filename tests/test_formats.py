@@ -140,7 +140,7 @@ def test_litdata_chunk_cut_short(tmp_path, kind):
     root = copy(tmp_path, f"litdata/{kind}")
     chunk = root / "chunk-0-1.bin"
     chunk.write_bytes(chunk.read_bytes()[:-50])
-    with pytest.raises(SampleError, match=r"chunk-0-1\.bin: .*cut short"):
+    with pytest.raises(SampleError, match=r"chunk-0-1\.bin: .*cut short.*sample 0"):
         read(ListLitdata, str(root))
     node = ReadSamples(ListLitdata(url=str(root)), on_error="skip")
     total = 10 if kind.startswith("options") else 12
@@ -317,6 +317,25 @@ def test_litdata_index_options_not_read_are_source_errors(tmp_path, config, mess
     (root / "index.json").write_text(json.dumps(index))
     with pytest.raises(SourceError, match=rf"litdata: .*index\.json: {message}"):
         ListLitdata(url=str(root)).count()
+
+
+def test_a_corrupt_sample_frame_or_arrow_footer_names_chunk_and_sample(tmp_path):
+    # compression_level "sample": the plain layout, each sample its own zstd frame
+    root = copy(tmp_path, "litdata/options/sample")
+    data = bytearray((root / "chunk-0-1.bin").read_bytes())
+    offsets = struct.unpack_from("<5I", data, 4)
+    data[offsets[2] + 4:offsets[3]] = bytes(offsets[3] - offsets[2] - 4)
+    (root / "chunk-0-1.bin").write_bytes(bytes(data))
+    with pytest.raises(SampleError, match=r"chunk-0-1\.bin: sample 2 does not decompress"):
+        read(ListLitdata, str(root))
+    # Arrow rows: the IPC bytes before [length][LDARW01\0] zeroed
+    root = copy(tmp_path, "litdata/options/text")
+    data = bytearray((root / "chunk-0-2.bin").read_bytes())
+    assert data[-8:] == b"LDARW01\0"
+    length = struct.unpack_from("<I", data, len(data) - 12)[0]
+    data[len(data) - 12 - length:len(data) - 12] = bytes(length)
+    (root / "chunk-0-2.bin").write_bytes(bytes(data))
+    with pytest.raises(SampleError, match=r"chunk-0-2\.bin: its Arrow footer does not read.*\(reading sample 0\)"):
         read(ListLitdata, str(root))
 
 

@@ -502,7 +502,20 @@ class ShardReader:
 
     def sample(self, shard: Shard, pos: int) -> bytes | dict:
         """The bytes of sample ``pos`` of ``shard``, or its fields (a dict) where the chunk keeps
-        its rows in an Arrow footer."""
+        its rows in an Arrow footer.
+
+        Raises:
+            SampleError: the shard does not match its index, is cut short or corrupt; the
+                message names the shard and the sample.
+        """
+        try:
+            return self._sample(shard, pos)
+        except SampleError as exc:
+            if f"sample {pos}" in str(exc):
+                raise
+            raise SampleError(f"{exc} (reading sample {pos})") from None
+
+    def _sample(self, shard: Shard, pos: int) -> bytes | dict:
         if shard.layout == "batch":
             header = self._framed.get(shard.url)
             if header is None:
