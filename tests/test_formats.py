@@ -223,7 +223,8 @@ def plain(value):
     if isinstance(value, torch.Tensor):
         value = value.numpy()
     if isinstance(value, np.ndarray):
-        return {"dtype": value.dtype.name, "shape": list(value.shape), "b64": base64.b64encode(value.tobytes()).decode()}
+        return {"dtype": value.dtype.name, "shape": list(value.shape),
+                "b64": base64.b64encode(value.tobytes()).decode()}
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     return [plain(v) for v in value] if isinstance(value, list) else value
@@ -308,7 +309,8 @@ def test_a_framed_chunk_the_index_does_not_name_is_a_sample_error(tmp_path):
 @pytest.mark.parametrize("config,message", [
     ({"compression_level": "frame"}, "compression_level 'frame' is not one of chunk, batch, sample"),
     ({"compression": "gz", "compression_level": "batch"}, "compression_level 'batch' with compression 'gz'"),
-    ({"data_format": ["json", "no_header_numpy:2", "int", "str"]}, r"leaf 0: serializer 'json'.*beside 'no_header_numpy:2'"),
+    ({"data_format": ["json", "no_header_numpy:2", "int", "str"]},
+     r"leaf 0: serializer 'json'.*beside 'no_header_numpy:2'"),
 ])
 def test_litdata_index_options_not_read_are_source_errors(tmp_path, config, message):
     root = copy(tmp_path, "litdata/options/default")

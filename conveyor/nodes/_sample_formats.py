@@ -36,9 +36,10 @@ import pickle
 import struct
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -358,6 +359,15 @@ def _open_litdata(root: str, url: str, index: dict, allow_pickle: bool) -> Sampl
     return SampleSet(root, "litdata", shards, decode)
 
 
+@contextmanager
+def _reading(pos: int) -> Iterator[None]:
+    """Name the sample being read in a shard-wide ``SampleError``."""
+    try:
+        yield
+    except SampleError as exc:
+        raise SampleError(f"{exc} (reading sample {pos})") from None
+
+
 class ShardReader:
     """Reads samples out of a set's shards: offsets (or a framed chunk's header) read once per
     shard; a sample one ranged read (plain, ``sample``), a frame one ranged read and kept
@@ -454,10 +464,12 @@ class ShardReader:
             raise SampleError(f"{url}: cut short: {len(head)} bytes, less than its framed zstd header ({end})")
         offsets = struct.unpack_from(f"<{n + 1}I", head, _FRAMED_PREFIX.size)
         size = self._size(shard)
-        frames = [_FRAMED_FRAME.unpack_from(head, table + 24 * f) for f in range(n_frames)]
+        if offsets[0] != 0 or any(a > b for a, b in zip(offsets, offsets[1:])):
+            raise SampleError(f"{url}: its sample offsets are out of order")
+        frames = [_FRAMED_FRAME.unpack_from(head, table + _FRAMED_FRAME.size * f) for f in range(n_frames)]
         for f, (first, items, start, packed, raw) in enumerate(frames):
-            if (first, items) != (f * k, min(k, n - f * k)) or start < end or offsets[0] != 0 \
-                    or raw != offsets[first + items] - offsets[first] or offsets[first + items] < offsets[first]:
+            if (first, items) != (f * k, min(k, n - f * k)) or start < end \
+                    or raw != offsets[first + items] - offsets[first]:
                 raise SampleError(f"{url}: frame {f} of its framed zstd table does not match its offsets")
             if start + packed > size:
                 raise SampleError(f"{url}: cut short: {size} bytes, frame {f} (samples {first}-{first + items - 1}) "
@@ -490,10 +502,12 @@ class ShardReader:
         try:
             import pyarrow as pa
         except ImportError:
-            raise SourceError(f"{shard.url}: LitData's Arrow rows need pyarrow: pip install 'conveyor[parquet]'") from None
-        ipc = pa.py_buffer(self.storage.read(shard.url, size - 12 - length, size - 12))
-        try:
-            reader = pa.ipc.open_file(ipc) if ipc.to_pybytes()[:6] == b"ARROW1" else pa.ipc.open_stream(ipc)
+            raise SourceError(f"{shard.url}: LitData's Arrow rows need pyarrow: "
+                              "pip install 'conveyor[parquet]'") from None
+        blob = self.storage.read(shard.url, size - 12 - length, size - 12)
+        try:  # an IPC file (litdata 0.2.76), or a stream (earlier)
+            ipc = pa.py_buffer(blob)
+            reader = pa.ipc.open_file(ipc) if blob[:6] == b"ARROW1" else pa.ipc.open_stream(ipc)
             rows = reader.read_all().to_pylist()
         except (pa.ArrowException, OSError, ValueError) as exc:
             raise SampleError(f"{shard.url}: its Arrow footer does not read ({type(exc).__name__}: {exc})") from None
@@ -508,32 +522,27 @@ class ShardReader:
             SampleError: the shard does not match its index, is cut short or corrupt; the
                 message names the shard and the sample.
         """
-        try:
-            return self._sample(shard, pos)
-        except SampleError as exc:
-            if f"sample {pos}" in str(exc):
-                raise
-            raise SampleError(f"{exc} (reading sample {pos})") from None
-
-    def _sample(self, shard: Shard, pos: int) -> bytes | dict:
         if shard.layout == "batch":
             header = self._framed.get(shard.url)
             if header is None:
-                header = self._framed[shard.url] = self._framed_header(shard)
+                with _reading(pos):
+                    header = self._framed[shard.url] = self._framed_header(shard)
             offsets, frames, k = header
             f = pos // k
             data = self._keep(f"{shard.url}#{f}", lambda: self._frame(shard, frames[f], f, pos))
             base = offsets[frames[f][0]]
             return data[offsets[pos] - base:offsets[pos + 1] - base]
-        data = self._keep(shard.url, lambda: self._whole(shard)) if shard.layout == "chunk" else None
-        offsets = self._offsets.get(shard.url)
-        if offsets is None:
-            offsets = self._offsets[shard.url] = self._header(shard, data)
+        with _reading(pos):
+            data = self._keep(shard.url, lambda: self._whole(shard)) if shard.layout == "chunk" else None
+            offsets = self._offsets.get(shard.url)
+            if offsets is None:
+                offsets = self._offsets[shard.url] = self._header(shard, data)
         start, end = offsets[pos], offsets[pos + 1]
         if data is not None:
             return data[start:end]
         if shard.layout == "plain" and offsets[0] == offsets[-1]:  # no sample bytes: rows in an Arrow footer?
-            rows = self._keep(f"{shard.url}#arrow", lambda: self._arrow(shard, offsets) or [])
+            with _reading(pos):
+                rows = self._keep(f"{shard.url}#arrow", lambda: self._arrow(shard, offsets) or [])
             if rows:
                 return dict(rows[pos])
         raw = self.storage.read(shard.url, start, end)
