@@ -363,3 +363,10 @@ output: batch
     taken, states = _interrupt(monkeypatch, spec, old, 1)
     rest, _ = _resume(monkeypatch, spec, new, states)
     _exactly_once(12, taken, rest)
+
+
+def test_index_is_the_samples_place_in_the_dataset():
+    # the MDS fixture has no index column: the listing's ids are 0..n-1 across its 4 shards
+    records = list(ListMds(url=str(FIX / "mds/plain")))
+    assert [r["index"] for r in records] == list(range(12))
+    assert [(r["shard"], r["pos"]) for r in records][:4] == [(0, 0), (0, 1), (0, 2), (1, 0)]
