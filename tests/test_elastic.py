@@ -104,7 +104,7 @@ def test_mds_and_litdata_resume_on_another_world_size(monkeypatch, tmp_path: Pat
   batch: {{op: batch, size: 2}}
 output: batch
 """)
-    everything = _all_ids(monkeypatch, spec)  # the datasets' own index column: unique, with gaps
+    everything = _all_ids(monkeypatch, spec)  # the datasets' own index column: unique ids
     assert len(set(everything)) == 12
     ids = {i: k for k, i in enumerate(everything)}
     taken, states = _interrupt(monkeypatch, spec, old, 1)

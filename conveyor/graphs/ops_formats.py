@@ -50,7 +50,7 @@ class ReadSamplesParams:
                                                   "match its index or is cut short")
     allow_pickle: bool = param(False, doc="accept pkl (MDS) and pickle (LitData) fields: unpickling runs "
                                           "code from the file")
-    keep: int = param(2, min=1, doc="compressed shards kept in memory, decompressed")
+    keep: int = param(2, min=1, doc="decompressed pieces kept in memory: whole compressed shards, framed-zstd frames or Arrow tables")
     attempts: int = param(5, min=1, doc="tries per request; only transient errors are retried")
     timeout: float = param(30.0, doc="seconds a request may take (then it is retried)")
     storage_options: dict | None = param(None, doc="fsspec options (endpoint_url, ...); never logged")
