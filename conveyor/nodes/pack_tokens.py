@@ -190,6 +190,7 @@ class PackTokens(BaseNode[dict]):
         super().reset(initial_state)
         self._rows: dict[str, torch.Tensor] | None = None  # the current pool's rows, in emit order
         self._views: dict[str, Any] | None = None
+        self._splits = None
         self._n = 0  # rows in the pool
         self._i = 0
         self._ended = False
@@ -244,6 +245,7 @@ class PackTokens(BaseNode[dict]):
             return
         self._after = self.source.state_dict()
         self._views = None  # per-row views, made at the first row asked for
+        self._splits: tuple[int, dict[str, tuple]] | None = None  # (first row, batches of views from it)
         flat, starts, lengths = self._pool_pieces(items)
         if not len(lengths):  # every document skipped: a pool of no rows
             self._rows, self._n, self._i = {}, 0, 0
@@ -258,6 +260,7 @@ class PackTokens(BaseNode[dict]):
         for k in _ROW_FIELDS:  # a batch of consecutive rows is a slice of these: collate copies nothing
             setattr(self._rows[k], SLAB_MARK, True)
         self._n, self._i = len(rows), 0
+        self._real, self._docs = arrays["num_tokens"].tolist(), arrays["num_docs"].tolist()
 
     def _array(self, field: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An array for ``lay_out``: a view of one of this node's arrays that nothing else refers
@@ -400,38 +403,42 @@ class PackTokens(BaseNode[dict]):
         views = self._views
         if views is None:  # every row's views at once (one C loop, not a Python index per field and row)
             views = self._views = {k: self._rows[k].unbind(0) for k in _ROW_FIELDS}
-            views["num_docs"] = self._rows["num_docs"].tolist()
-            views["num_tokens"] = self._rows["num_tokens"].tolist()
-        row = {k: v[i] for k, v in views.items()}
-        s = self._stats
-        real = row["num_tokens"]
-        s["real"] += real
-        s["rows"] += 1
-        s["pieces"] += row["num_docs"]
-        s["min_real"] = real if s["min_real"] < 0 else min(s["min_real"], real)
-        return row
+            views["num_docs"], views["num_tokens"] = self._docs, self._real
+        self._count(i, i + 1)
+        return {k: v[i] for k, v in views.items()}
 
     def _next_batch(self) -> dict:
         """``batch_size`` rows, collated: the rows of one pool are a slice of its arrays (no
         copy); a batch across two pools joins the two slices."""
         parts: list[dict[str, torch.Tensor]] = []
-        need = self.batch_size
+        size = need = self.batch_size
         while need and self._pool_left():
-            take = min(need, self._n - self._i)
-            parts.append({k: v[self._i:self._i + take] for k, v in self._rows.items()})
-            self._i += take
+            i = self._i
+            take = min(need, self._n - i)
+            if take == size:  # a whole batch in this pool: one of the views split from i on
+                splits = self._splits
+                if splits is None or (i - splits[0]) % size:
+                    splits = self._splits = (i, {k: v[i:].split(size) for k, v in self._rows.items()})
+                m = (i - splits[0]) // size
+                parts.append({k: v[m] for k, v in splits[1].items()})
+            else:
+                parts.append({k: v[i:i + take] for k, v in self._rows.items()})
+            self._count(i, i + take)
+            self._i = i + take
             need -= take
         if not parts or (need and self.drop_last):
             raise StopIteration
-        batch = parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        return parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def _count(self, i: int, j: int) -> None:
+        """Rows ``i`` to ``j`` of the pool go out: into the padding figures."""
         s = self._stats
-        real = batch["num_tokens"]
-        s["real"] += int(real.sum())
-        s["rows"] += len(real)
-        s["pieces"] += int(batch["num_docs"].sum())
-        low = int(real.min())
+        real = self._real[i:j]
+        low = min(real)
+        s["real"] += sum(real)
+        s["rows"] += j - i
+        s["pieces"] += sum(self._docs[i:j])
         s["min_real"] = low if s["min_real"] < 0 else min(s["min_real"], low)
-        return batch
 
 
 def _range(dtype: np.dtype) -> tuple[int, int]:
