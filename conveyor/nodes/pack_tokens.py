@@ -190,7 +190,6 @@ class PackTokens(BaseNode[dict]):
         super().reset(initial_state)
         self._rows: dict[str, torch.Tensor] | None = None  # the current pool's rows, in emit order
         self._views: dict[str, Any] | None = None
-        self._splits = None
         self._n = 0  # rows in the pool
         self._i = 0
         self._ended = False
@@ -245,7 +244,6 @@ class PackTokens(BaseNode[dict]):
             return
         self._after = self.source.state_dict()
         self._views = None  # per-row views, made at the first row asked for
-        self._splits: tuple[int, dict[str, tuple]] | None = None  # (first row, batches of views from it)
         flat, starts, lengths = self._pool_pieces(items)
         if not len(lengths):  # every document skipped: a pool of no rows
             self._rows, self._n, self._i = {}, 0, 0
@@ -256,6 +254,7 @@ class PackTokens(BaseNode[dict]):
         arrays = lay_out(rows, starts, lengths, flat, seq_len=self.seq_len, width=self.width, pad_id=self.pad_id,
                          ignore_index=self.ignore_index, mask_first=self.mask_first, dtype=self.dtype,
                          get=self._array)
+        self._arrays = arrays
         self._rows = {k: torch.from_numpy(v) for k, v in arrays.items()}
         for k in _ROW_FIELDS:  # a batch of consecutive rows is a slice of these: collate copies nothing
             setattr(self._rows[k], SLAB_MARK, True)
@@ -313,8 +312,7 @@ class PackTokens(BaseNode[dict]):
         passes ``_ids``' checks, is not empty and needs no skip; else None."""
         field = self.field
         try:
-            values = [item[field] for item in items]
-            values = [v.numpy() if isinstance(v, torch.Tensor) else v for v in values]
+            values = [item[field] for item in items]  # (tensors too: concatenate reads them as arrays)
             lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
             flat = np.concatenate(values)
         except (KeyError, TypeError, IndexError, ValueError, RuntimeError):
@@ -410,25 +408,20 @@ class PackTokens(BaseNode[dict]):
     def _next_batch(self) -> dict:
         """``batch_size`` rows, collated: the rows of one pool are a slice of its arrays (no
         copy); a batch across two pools joins the two slices."""
-        parts: list[dict[str, torch.Tensor]] = []
-        size = need = self.batch_size
+        parts: list[dict[str, np.ndarray]] = []
+        need = self.batch_size
         while need and self._pool_left():
             i = self._i
             take = min(need, self._n - i)
-            if take == size:  # a whole batch in this pool: one of the views split from i on
-                splits = self._splits
-                if splits is None or (i - splits[0]) % size:
-                    splits = self._splits = (i, {k: v[i:].split(size) for k, v in self._rows.items()})
-                m = (i - splits[0]) // size
-                parts.append({k: v[m] for k, v in splits[1].items()})
-            else:
-                parts.append({k: v[i:i + take] for k, v in self._rows.items()})
+            parts.append({k: v[i:i + take] for k, v in self._arrays.items()})
             self._count(i, i + take)
             self._i = i + take
             need -= take
         if not parts or (need and self.drop_last):
             raise StopIteration
-        return parts[0] if len(parts) == 1 else {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        if len(parts) == 1:  # (numpy slices and from_numpy: a third of torch's slicing)
+            return {k: torch.from_numpy(v) for k, v in parts[0].items()}
+        return {k: torch.from_numpy(np.concatenate([p[k] for p in parts])) for k in parts[0]}
 
     def _count(self, i: int, j: int) -> None:
         """Rows ``i`` to ``j`` of the pool go out: into the padding figures."""
