@@ -104,8 +104,8 @@ def lay_out(rows: list[list[int]], starts: np.ndarray, lengths: np.ndarray, flat
 
     No Python loop runs per piece or per token, and no array of the pool's size is made but
     the outputs, each asked of ``get(field, shape, dtype)`` (which may hand out a recycled
-    one: a fresh 1.6 MB array costs ~400 page faults, more than the numpy work on it) and one
-    scratch array: every per-token field is a few passes over the flat rows, the jumps at the
+    one: a fresh 1.6 MB array costs ~400 page faults, more than the numpy work on it), and a
+    scratch one for the tokens where their dtype is not ``dtype``: every per-token field is a few passes over the flat rows, the jumps at the
     pieces' first tokens spread by ``cumsum`` or ``maximum.accumulate``.
 
     Returns ``input_ids`` (``dtype``), ``labels`` and ``position_ids`` (int64), ``segment_ids``
@@ -131,7 +131,8 @@ def lay_out(rows: list[list[int]], starts: np.ndarray, lengths: np.ndarray, flat
     # input_ids, labels: token d of piece k comes from flat[d + starts[k] - piece_at[k]]: that
     # offset is the cumsum of its jumps at the pieces' first tokens (padding gathers the
     # tokens after a row's last piece, clipped, and is overwritten)
-    jump = get("scratch", (size,), np.int64)
+    positions = out("position_ids", ROW_INT)
+    jump = positions.reshape(-1)  # (the positions' array, before they are written)
     jump.fill(0)
     delta = starts[order] - piece_at
     delta[1:] -= delta[:-1].copy()
@@ -154,7 +155,6 @@ def lay_out(rows: list[list[int]], starts: np.ndarray, lengths: np.ndarray, flat
 
     # positions from 0 at each segment (the padding's too): the cumsum of ones that, at each
     # segment's first token, drops back by the length of the segment before
-    positions = out("position_ids", ROW_INT)
     flat_pos = positions.reshape(-1)
     flat_pos.fill(1)
     seg_at = np.concatenate((piece_at, pad_at))
