@@ -105,8 +105,8 @@ def lay_out(rows: list[list[int]], starts: np.ndarray, lengths: np.ndarray, flat
     No Python loop runs per piece or per token, and no array of the pool's size is made but
     the outputs, each asked of ``get(field, shape, dtype)`` (which may hand out a recycled
     one: a fresh 1.6 MB array costs ~400 page faults, more than the numpy work on it), and a
-    scratch one for the tokens where their dtype is not ``dtype``: every per-token field is a few passes over the flat rows, the jumps at the
-    pieces' first tokens spread by ``cumsum`` or ``maximum.accumulate``.
+    scratch one for the tokens where their dtype is not ``dtype``: every per-token field is a
+    few passes over the flat rows, jumps at the pieces' first tokens spread by ``cumsum``.
 
     Returns ``input_ids`` (``dtype``), ``labels`` and ``position_ids`` (int64), ``segment_ids``
     [R, seq_len] and ``cu_seqlens`` [R, width] (int32), ``num_docs`` and ``num_tokens`` [R] (int64).
@@ -128,17 +128,17 @@ def lay_out(rows: list[list[int]], starts: np.ndarray, lengths: np.ndarray, flat
     def out(field: str, dt: Any, cols: int = seq_len) -> np.ndarray:
         return get(field, (n_rows, cols), dt)
 
-    # input_ids, labels: token d of piece k comes from flat[d + starts[k] - piece_at[k]]: that
-    # offset is the cumsum of its jumps at the pieces' first tokens (padding gathers the
-    # tokens after a row's last piece, clipped, and is overwritten)
+    # input_ids, labels: token d of piece k comes from flat[d + starts[k] - piece_at[k]]: the
+    # cumsum of ones that jump at each piece's first token to its start in flat (padding
+    # gathers the tokens after a row's last piece, clipped, and is overwritten)
     positions = out("position_ids", ROW_INT)
     jump = positions.reshape(-1)  # (the positions' array, before they are written)
-    jump.fill(0)
+    jump.fill(1)
     delta = starts[order] - piece_at
     delta[1:] -= delta[:-1].copy()
-    jump[piece_at] = delta
+    jump[piece_at] = delta + 1
+    jump[0] = delta[0]
     np.cumsum(jump, out=jump)
-    jump += _ramp(size)
     ids, labels = out("input_ids", dtype), out("labels", ROW_INT)
     if flat.dtype == ids.dtype:
         np.take(flat, jump, out=ids.reshape(-1), mode="clip")
