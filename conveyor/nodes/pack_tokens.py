@@ -189,6 +189,7 @@ class PackTokens(BaseNode[dict]):
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self._rows: dict[str, torch.Tensor] | None = None  # the current pool's rows, in emit order
+        self._arrays: dict[str, np.ndarray] = {}  # the pool's rows, all of a field in one array
         self._views: dict[str, Any] | None = None
         self._n = 0  # rows in the pool
         self._i = 0
@@ -243,7 +244,7 @@ class PackTokens(BaseNode[dict]):
             self._rows = None
             return
         self._after = self.source.state_dict()
-        self._views = None  # per-row views, made at the first row asked for
+        self._arrays, self._views = {}, None  # (the last pool's arrays may be reused once no batch holds them)
         flat, starts, lengths = self._pool_pieces(items)
         if not len(lengths):  # every document skipped: a pool of no rows
             self._rows, self._n, self._i = {}, 0, 0
