@@ -409,8 +409,13 @@ class PackTokens(BaseNode[dict]):
     def _next_batch(self) -> dict:
         """``batch_size`` rows, collated: the rows of one pool are a slice of its arrays (no
         copy); a batch across two pools joins the two slices."""
+        i, size = self._i, self.batch_size
+        if i + size <= self._n and self._rows is not None:  # the common batch: inside the pool
+            self._i = i + size
+            self._count(i, i + size)
+            return {k: torch.from_numpy(v[i:i + size]) for k, v in self._arrays.items()}
         parts: list[dict[str, np.ndarray]] = []
-        need = self.batch_size
+        need = size
         while need and self._pool_left():
             i = self._i
             take = min(need, self._n - i)
