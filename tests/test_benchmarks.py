@@ -31,6 +31,7 @@ RUNS = {
     "text_throughput": (["--rounds", "1", "--epochs", "1", "--no-hf"], "|---"),
     "padding": (["--repeats", "1", "--epochs", "1"], "buckets, max_tokens, pool 8 (spec)"),
     "packing": (["--docs", "600", "--pool", "200"], "|---"),
+    "pack_profile": (["--epochs", "2", "--rounds", "1"], "bare / graph"),
     "parquet_vs_jsonl": (["--rows", "2000", "--rounds", "1", "--epochs", "1"], "|---"),
     "threads_breakdown": (["--count", "64", "--rounds", "1", "--epochs", "1", "--quiet-wait", "0"], "|---"),
     "camera_breakdown": (["--images", "2", "--samples", "4", "--repeats", "1"], "|---"),

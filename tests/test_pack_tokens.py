@@ -107,6 +107,95 @@ def test_nothing_lost_nothing_repeated_every_row_exactly_seq_len(lengths, seq_le
     assert st_["split"] == sum(n > seq_len for n in lengths)
 
 
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 50), min_size=1, max_size=60), seq_len=st.integers(2, 24),
+       pool=st.integers(1, 20), overflow=st.sampled_from(["split", "truncate"]),
+       algorithm=st.sampled_from(["first_fit", "best_fit"]), dtype=st.sampled_from(["int16", "int64"]))
+def test_a_pool_cut_at_once_gives_the_rows_of_one_cut_document_by_document(lengths, seq_len, pool, overflow,
+                                                                            algorithm, dtype):
+    """The pool's documents are checked and cut in a few numpy calls; document by document (the
+    path that names a bad record and counts skips) gives the same rows and counts."""
+    docs = [{"index": d, "input_ids": np.arange(1, n + 1, dtype=np.int16) + d} for d, n in enumerate(lengths)]
+
+    def run(cls: type = PackTokens) -> tuple[list, dict]:
+        node = cls(IterableWrapper(docs), seq_len=seq_len, pool=pool, overflow=overflow,
+                          algorithm=algorithm, dtype=dtype)
+        rows = _rows(node)
+        return [{k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in r.items()} for r in rows], node.stats()
+
+    assert run(_DocByDoc) == run()
+
+
+class _DocByDoc(PackTokens):
+    def _fast_ids(self, items: list) -> None:
+        return None
+
+
+def _batched(node: BaseNode, size: int, drop_last: bool) -> list[dict]:
+    from conveyor.nodes import Batch, Collate
+
+    collate = Collate(Batch(node, size=size, drop_last=drop_last))
+    collate.reset()
+    return list(collate)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=70), pool=st.integers(1, 25),
+       size=st.integers(1, 5), drop_last=st.booleans())
+def test_batch_size_makes_the_batches_batch_and_collate_make(lengths, pool, size, drop_last):
+    """Batches inside a pool are slices of its arrays, batches across pools are joined, the last
+    one short or dropped: field for field what ``batch`` + ``collate`` make of the rows."""
+    def node(**kw):
+        return PackTokens(IterableWrapper(_docs(lengths)), seq_len=16, pool=pool, **kw)
+
+    want = _batched(node(), size, drop_last)
+    got = _rows(direct := node(batch_size=size, drop_last=drop_last))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for k in w:
+            assert g[k].dtype == w[k].dtype and torch.equal(g[k], w[k]), k
+    rows = node()
+    _rows(rows)
+    assert direct.stats() == rows.stats()
+
+
+def test_batches_resume_from_every_step_with_a_small_state():
+    lengths = [int(x) for x in np.random.default_rng(2).integers(1, 200, 300)]
+
+    def node(src=None):
+        return PackTokens(src or _Counted(_docs(lengths)), seq_len=256, pool=40, batch_size=3)
+
+    whole = [b["input_ids"].tolist() for b in _rows(node())]
+    for k in range(len(whole)):
+        first = node()
+        first.reset()
+        for _ in range(k):
+            next(first)
+        state = json.loads(json.dumps(first.state_dict()))
+        assert len(json.dumps(state)) <= 4096
+        fresh = node(src := _Counted(_docs(lengths)))
+        fresh.reset(state)
+        assert src.reads <= 40, "a restore re-reads at most the pool it stopped in"
+        assert [b["input_ids"].tolist() for b in fresh] == whole[k:], k
+
+
+def test_arrays_are_written_again_only_when_no_batch_of_theirs_is_held():
+    lengths = [int(x) for x in np.random.default_rng(3).integers(1, 100, 600)]
+    node = PackTokens(IterableWrapper(_docs(lengths)), seq_len=128, pool=50, batch_size=4)
+    node.reset()
+    held = [(b, {k: v.clone() for k, v in b.items()}) for b in node]  # every batch kept
+    for batch, copy in held:
+        assert all(torch.equal(batch[k], copy[k]) for k in copy)
+    made = {id(a) for a in node._buffers["input_ids"].arrays}
+    assert len(made) >= 12  # one a pool: all of them held
+    del held, batch, copy
+    node.reset()
+    for _ in node:  # none kept: the pool's arrays come round again, none is made
+        pass
+    assert {id(a) for a in node._buffers["input_ids"].arrays} <= made
+
+
 def test_best_fit_pads_no_more_than_first_fit_on_the_text_sample():
     from conveyor.text import byte_tokenize
 

@@ -54,12 +54,16 @@ class PackTokensParams:
     dtype: IdType = param(IdType.int64, doc="input_ids' dtype; an id it cannot hold is an error")
     shuffle: bool = param(True, doc="emit each pool's rows in an order from (seed, epoch, pool)")
     seed: int | None = param(None, doc="default: the graph's seed param (else 0)")
+    batch_size: int | None = param(None, min=1, doc="null: rows one by one (a batch and a collate after it); "
+                                                    "else batches of this many rows, collated ([batch_size, "
+                                                    "seq_len] tensors): the same batches, much faster")
+    drop_last: bool = param(False, doc="with batch_size: drop the epoch's last batch when it is short")
 
 
 def _check_pack(p: PackTokensParams, n_inputs: int) -> list[tuple[str, str]]:
     bad = check_args(seq_len=p.seq_len, algorithm=p.algorithm.value, pool=p.pool, overflow=p.overflow.value,
                      empty=p.empty.value, max_docs=p.max_docs, pad_id=p.pad_id, dtype=p.dtype.value,
-                     mask_first=p.mask_first)
+                     mask_first=p.mask_first, batch_size=p.batch_size)
     if p.max_docs is not None and p.max_docs > p.seq_len:
         bad.append(("max_docs", f"max_docs={p.max_docs} is over seq_len={p.seq_len}: a row cannot hold "
                                 "more documents than tokens"))
@@ -70,7 +74,12 @@ def _build_pack(p: PackTokensParams, inputs: list[BaseNode], ctx: BuildContext) 
     return PackTokens(inputs[0], seq_len=p.seq_len, field=p.field, algorithm=p.algorithm.value, pool=p.pool,
                       overflow=p.overflow.value, empty=p.empty.value, max_docs=p.max_docs, pad_id=p.pad_id,
                       ignore_index=p.ignore_index, mask_first=p.mask_first, dtype=p.dtype.value,
-                      shuffle=p.shuffle, seed=ctx.seed_for(p.seed), where=ctx.where)
+                      shuffle=p.shuffle, seed=ctx.seed_for(p.seed), batch_size=p.batch_size,
+                      drop_last=p.drop_last, where=ctx.where)
+
+
+def _per_row(p: PackTokensParams) -> bool:
+    return p.batch_size is None
 
 
 PACK_TOKENS = OpSpec(
@@ -80,9 +89,9 @@ PACK_TOKENS = OpSpec(
     "its rows hold is known only by packing the pool again), a global order above one",
     _check_pack,
     unknown_length="makes as many rows as the documents' lengths fill",
-    keeps_count="never", per_record=True, batches=False, elastic=None, not_global="",
+    keeps_count="never", per_record=_per_row, batches=False, elastic=None, not_global="",
     safe_params=frozenset(),
     items_in="records with a token field (input_ids: a tokenizer's map before it)",
     items_out="rows {input_ids, labels, position_ids, segment_ids, cu_seqlens, num_docs, num_tokens} "
-              "of seq_len tokens",
+              "of seq_len tokens; with batch_size, batches of them collated",
     example="pack: {op: pack_tokens, seq_len: 2048, algorithm: best_fit, pool: 1000}")

@@ -3,14 +3,16 @@
 ``first_fit(lengths, ...)`` puts each piece, in the pool's order, into the first row that has
 room; ``best_fit`` takes the pieces longest first and puts each into the row it leaves the
 least room in (best-fit decreasing). Both return rows as lists of piece indices, a row never
-holding more than ``seq_len`` tokens nor more than ``max_docs`` pieces. ``assemble`` lays one
-row out: ids, labels, position ids restarting per document, segment ids, ``cu_seqlens``.
+holding more than ``seq_len`` tokens nor more than ``max_docs`` pieces. ``lay_out`` lays a
+whole pool's rows out at once with numpy: ids, labels, position ids restarting per document,
+segment ids, ``cu_seqlens``.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Sequence
+from itertools import chain
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -44,59 +46,141 @@ def first_fit(lengths: Sequence[int], seq_len: int, max_docs: int) -> list[list[
 def best_fit(lengths: Sequence[int], seq_len: int, max_docs: int) -> list[list[int]]:
     """Longest piece first, each into the open row it fills most tightly (best-fit decreasing).
 
+    The open rows are kept as one sorted list of ints ``free * big + row`` (the order of the
+    pairs ``(free, row)``: ties go to the older row), so finding the tightest row is one
+    ``bisect`` over ints.
+
     Example:
         >>> best_fit([3, 6, 5, 4], 10, 10)
         [[1, 3], [2, 0]]
     """
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])  # stable: ties in pool order
+    n = len(lengths)
+    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable").tolist()  # ties in pool order
+    big = n + 1  # more than any row number
     rows: list[list[int]] = []
-    open_rows: list[tuple[int, int]] = []  # (free tokens, row), sorted
+    open_rows: list[int] = []  # free * big + row, sorted
     for i in order:
-        n = lengths[i]
-        at = bisect_left(open_rows, (n, -1))
+        need = lengths[i]
+        at = bisect_left(open_rows, need * big)
         if at < len(open_rows):
-            free, r = open_rows.pop(at)
-            rows[r].append(i)
-            free -= n
+            key = open_rows.pop(at)
+            free, r = key // big, key % big
+            row = rows[r]
+            row.append(i)
+            free -= need
         else:
-            r, free = len(rows), seq_len - n
-            rows.append([i])
-        if free > 0 and len(rows[r]) < max_docs:
-            insort(open_rows, (free, r))
+            r, free = len(rows), seq_len - need
+            rows.append(row := [i])
+        if free > 0 and len(row) < max_docs:
+            insort(open_rows, free * big + r)
     return rows
 
 
-def assemble(pieces: list[np.ndarray], *, seq_len: int, width: int, pad_id: int, ignore_index: int,
-             mask_first: bool, dtype: np.dtype) -> dict[str, np.ndarray | int]:
-    """One packed row of ``pieces`` (1-D integer arrays, ``sum(len) <= seq_len``).
+def _new(field: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    return np.empty(shape, dtype)
 
-    The padding after the last document is a segment of its own (segment id 0, positions
-    from 0, ``cu_seqlens`` ending at ``seq_len``), so that every token of a flattened batch lies
-    in one segment and no attention row is empty. ``cu_seqlens`` has ``width`` entries: the
-    boundaries ``0, l1, l1 + l2, ..., seq_len``, then ``seq_len`` repeated.
+
+_RAMP = np.arange(0, dtype=ROW_INT)  # 0, 1, 2, ...: grown as needed, only read
+
+
+def _ramp(n: int) -> np.ndarray:
+    global _RAMP
+    if len(_RAMP) < n:
+        _RAMP = np.arange(max(n, 2 * len(_RAMP)), dtype=ROW_INT)
+    return _RAMP[:n]
+
+
+def lay_out(rows: list[list[int]], starts: np.ndarray, lengths: np.ndarray, flat: np.ndarray, *, seq_len: int,
+            width: int, pad_id: int, ignore_index: int, mask_first: bool, dtype: np.dtype,
+            get: Callable[[str, tuple[int, ...], Any], np.ndarray] = _new) -> dict[str, np.ndarray]:
+    """A whole pool's rows at once, as arrays whose row ``r`` is ``rows[r]`` laid out.
+
+    ``rows`` holds piece numbers; piece ``k`` is ``flat[starts[k]:starts[k] + lengths[k]]``
+    (``sum`` of a row's lengths <= ``seq_len``). The padding after a row's last document is a
+    segment of its own (segment id 0, positions from 0, ``cu_seqlens`` ending at ``seq_len``),
+    so that every token of a flattened batch lies in one segment and no attention row is
+    empty. ``cu_seqlens`` has ``width`` entries a row: ``0, l1, l1 + l2, ..., seq_len``, then
+    ``seq_len`` repeated.
+
+    No Python loop runs per piece or per token, and no array of the pool's size is made but
+    the outputs, each asked of ``get(field, shape, dtype)`` (which may hand out a recycled
+    one: a fresh 1.6 MB array costs ~400 page faults, more than the numpy work on it), and a
+    scratch one for the tokens where their dtype is not ``dtype``: every per-token field is a
+    few passes over the flat rows, jumps at the pieces' first tokens spread by ``cumsum``.
+
+    Returns ``input_ids`` (``dtype``), ``labels`` and ``position_ids`` (int64), ``segment_ids``
+    [R, seq_len] and ``cu_seqlens`` [R, width] (int32), ``num_docs`` and ``num_tokens`` [R] (int64).
     """
-    ids = np.full(seq_len, pad_id, dtype=dtype)
-    labels = np.full(seq_len, ignore_index, dtype=ROW_INT)
-    positions = np.empty(seq_len, dtype=ROW_INT)
-    segments = np.zeros(seq_len, dtype=BOUNDS_INT)
-    cu = np.full(width, seq_len, dtype=BOUNDS_INT)
-    cu[0] = 0
-    ramp = np.arange(seq_len, dtype=ROW_INT)
-    at = 0
-    for k, piece in enumerate(pieces):
-        n = len(piece)
-        end = at + n
-        ids[at:end] = piece
-        labels[at:end] = piece
-        if mask_first:
-            labels[at] = ignore_index
-        positions[at:end] = ramp[:n]
-        segments[at:end] = k + 1
-        cu[k + 1] = end
-        at = end
-    positions[at:] = ramp[:seq_len - at]
+    n_rows, size = len(rows), len(rows) * seq_len
+    counts = np.fromiter(map(len, rows), dtype=np.int64, count=n_rows)  # pieces per row (>= 1)
+    order = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=int(counts.sum()))
+    plen = lengths[order]
+    first = np.cumsum(counts) - counts  # each row's first piece, in ``order``
+    ends = np.cumsum(plen)  # each piece's end among all the real tokens
+    end_in_row = ends - np.repeat(ends[first] - plen[first], counts)  # each piece's end within its row
+    begin_in_row = end_in_row - plen
+    real = end_in_row[first + counts - 1]  # real tokens per row
+    row_of = np.repeat(np.arange(n_rows, dtype=np.int64), counts)
+    piece_at = row_of * seq_len + begin_in_row  # each piece's first token in the flat rows
+    padded = np.flatnonzero(real < seq_len)
+    pad_at = padded * seq_len + real[padded]  # each padding's first token
+
+    def out(field: str, dt: Any, cols: int = seq_len) -> np.ndarray:
+        return get(field, (n_rows, cols), dt)
+
+    # input_ids, labels: token d of piece k comes from flat[d + starts[k] - piece_at[k]]: the
+    # cumsum of ones that jump at each piece's first token to its start in flat (padding
+    # gathers the tokens after a row's last piece, clipped, and is overwritten)
+    positions = out("position_ids", ROW_INT)
+    jump = positions.reshape(-1)  # (the positions' array, before they are written)
+    jump.fill(1)
+    delta = starts[order] - piece_at
+    delta[1:] -= delta[:-1].copy()
+    jump[piece_at] = delta + 1
+    jump[0] = delta[0]
+    np.cumsum(jump, out=jump)
+    ids, labels = out("input_ids", dtype), out("labels", ROW_INT)
+    if flat.dtype == ids.dtype:
+        np.take(flat, jump, out=ids.reshape(-1), mode="clip")
+    else:  # (take writes only its input's dtype)
+        tokens = get("tokens", (size,), flat.dtype)
+        np.take(flat, jump, out=tokens, mode="clip")
+        np.copyto(ids.reshape(-1), tokens)
+    np.copyto(labels, ids)
+    for r, n in zip(padded.tolist(), real[padded].tolist()):
+        ids[r, n:] = pad_id
+        labels[r, n:] = ignore_index
+    if mask_first:
+        labels.reshape(-1)[piece_at] = ignore_index
+
+    # positions from 0 at each segment (the padding's too): the cumsum of ones that, at each
+    # segment's first token, drops back by the length of the segment before
+    flat_pos = positions.reshape(-1)
+    flat_pos.fill(1)
+    seg_at = np.concatenate((piece_at, pad_at))
+    seg_at.sort()
+    flat_pos[seg_at[1:]] = 1 - np.diff(seg_at)
+    flat_pos[0] = 0
+    np.cumsum(flat_pos, out=flat_pos)
+
+    # segment ids 1, 2, ... per row, 0 on padding: +1 at each piece, back to 0 at the
+    # padding, and a row after a full one starts from its count
+    segments = out("segment_ids", BOUNDS_INT)
+    flat_seg = segments.reshape(-1)
+    flat_seg.fill(0)
+    marks = np.ones(len(order), dtype=BOUNDS_INT)
+    full_before = np.flatnonzero(real[:-1] == seq_len) + 1  # rows after a row with no padding
+    marks[first[full_before]] -= counts[full_before - 1].astype(BOUNDS_INT)
+    flat_seg[piece_at] = marks
+    flat_seg[pad_at] = -counts[padded]
+    np.cumsum(flat_seg, out=flat_seg)
+
+    cu = out("cu_seqlens", BOUNDS_INT, width)
+    cu.fill(seq_len)
+    cu[:, 0] = 0
+    cu[row_of, np.arange(len(order), dtype=np.int64) - np.repeat(first, counts) + 1] = end_in_row
     return {"input_ids": ids, "labels": labels, "position_ids": positions, "segment_ids": segments,
-            "cu_seqlens": cu, "num_docs": len(pieces), "num_tokens": at}
+            "cu_seqlens": cu, "num_docs": counts, "num_tokens": real}
 
 
 def cu_width(seq_len: int, max_docs: int) -> int:

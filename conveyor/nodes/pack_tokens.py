@@ -47,9 +47,10 @@ from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError, StateError
 from conveyor.nodes._buckets import item_where
-from conveyor.nodes._packing import assemble, best_fit, cu_width, first_fit
+from conveyor.nodes._packing import best_fit, cu_width, first_fit, lay_out
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
+from conveyor.nodes._workers.batch_slabs import SLAB_MARK, Buffers
 from conveyor.nodes.capabilities import take_exactly
 from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, ListOf, Plain, STATS_SHAPE
 
@@ -60,11 +61,12 @@ ALGORITHMS = ("first_fit", "best_fit")
 OVERFLOWS = ("split", "truncate", "skip")
 EMPTIES = ("raise", "skip")
 ID_DTYPES = ("int64", "int32", "int16", "uint8")
+_ROW_FIELDS = ("input_ids", "labels", "position_ids", "segment_ids", "cu_seqlens")
 _PACKERS = {"first_fit": first_fit, "best_fit": best_fit}
 
 
 def check_args(*, seq_len: Any, algorithm: str, pool: Any, overflow: str, empty: str, max_docs: Any,
-               pad_id: Any, dtype: str, mask_first: bool) -> list[tuple[str, str]]:
+               pad_id: Any, dtype: str, mask_first: bool, batch_size: Any = None) -> list[tuple[str, str]]:
     """``(param, message)`` for each bad argument (the compiler reports them with spec lines)."""
     bad: list[tuple[str, str]] = []
 
@@ -86,6 +88,8 @@ def check_args(*, seq_len: Any, algorithm: str, pool: Any, overflow: str, empty:
         bad.append(("empty", f"empty={empty!r} must be one of {', '.join(EMPTIES)}"))
     if max_docs is not None and not positive(max_docs):
         bad.append(("max_docs", f"max_docs={max_docs!r} must be a positive int or null"))
+    if batch_size is not None and not positive(batch_size):
+        bad.append(("batch_size", f"batch_size={batch_size!r} must be a positive int or null (rows, one at a time)"))
     if dtype not in ID_DTYPES:
         bad.append(("dtype", f"dtype={dtype!r} must be one of {', '.join(ID_DTYPES)}"))
     elif not isinstance(pad_id, int) or isinstance(pad_id, bool) or not (
@@ -112,6 +116,11 @@ class PackTokens(BaseNode[dict]):
         dtype: ``input_ids``' dtype; an id it cannot hold is a ``SampleError``.
         shuffle: emit each pool's rows in an order drawn from (seed, epoch, pool).
         seed: base seed of that order.
+        batch_size: ``None`` (default): rows one by one; else batches of this many rows,
+            collated (each field stacked to ``[batch_size, ...]``, ``num_docs`` and
+            ``num_tokens`` int64 tensors): what ``batch`` and ``collate`` after the node make,
+            without a dict per row (the rows of one pool are a slice of its arrays).
+        drop_last: with ``batch_size``, drop the epoch's last batch when it is short.
         where: text for error messages (the node and spec line).
 
     Example:
@@ -133,10 +142,12 @@ class PackTokens(BaseNode[dict]):
     def __init__(self, source: BaseNode, *, seq_len: int, field: str = "input_ids", algorithm: str = "best_fit",
                  pool: int = 1000, overflow: str = "split", empty: str = "raise", max_docs: int | None = None,
                  pad_id: int = 0, ignore_index: int = -100, mask_first: bool = True, dtype: str = "int64",
-                 shuffle: bool = True, seed: int = 0, where: str | None = None):
+                 shuffle: bool = True, seed: int = 0, batch_size: int | None = None, drop_last: bool = False,
+                 where: str | None = None):
         super().__init__()
         bad = check_args(seq_len=seq_len, algorithm=algorithm, pool=pool, overflow=overflow, empty=empty,
-                         max_docs=max_docs, pad_id=pad_id, dtype=dtype, mask_first=mask_first)
+                         max_docs=max_docs, pad_id=pad_id, dtype=dtype, mask_first=mask_first,
+                         batch_size=batch_size)
         if bad:
             raise ValueError("; ".join(m for _, m in bad))
         self.source = source
@@ -144,6 +155,7 @@ class PackTokens(BaseNode[dict]):
         self.overflow, self.empty, self.pad_id, self.ignore_index = overflow, empty, pad_id, ignore_index
         self.max_docs = max_docs if max_docs is not None else seq_len
         self.mask_first, self.shuffle, self.seed = mask_first, shuffle, seed
+        self.batch_size, self.drop_last = batch_size, drop_last
         self.dtype = np.dtype(dtype)
         self._top = int(np.iinfo(self.dtype).max)
         self.width = cu_width(seq_len, self.max_docs)
@@ -151,6 +163,7 @@ class PackTokens(BaseNode[dict]):
         self.epoch = 0
         self.ledger = SkipLedger()
         self._stats = self._zero()
+        self._buffers: dict[str, Buffers] = {}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -175,7 +188,10 @@ class PackTokens(BaseNode[dict]):
     # ----- reset and state ----------------------------------------------------------------
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        self._rows: list[list[np.ndarray]] | None = None  # the current pool's rows, in emit order
+        self._rows: dict[str, torch.Tensor] | None = None  # the current pool's rows, in emit order
+        self._arrays: dict[str, np.ndarray] = {}  # the pool's rows, all of a field in one array
+        self._views: dict[str, Any] | None = None
+        self._n = 0  # rows in the pool
         self._i = 0
         self._ended = False
         self._replaying = False
@@ -203,16 +219,14 @@ class PackTokens(BaseNode[dict]):
                 self._load()
             finally:
                 self._replaying = False
-            if self._rows is None or pos > len(self._rows):
+            if self._rows is None or pos > self._n:
                 raise StateError(f"{self.where}: the state is at row {pos} of pool {self._pool_no}, which now "
-                                 f"packs into {0 if self._rows is None else len(self._rows)} rows: the input "
+                                 f"packs into {0 if self._rows is None else self._n} rows: the input "
                                  "changed since the state was taken")
-            for k in range(pos):
-                self._rows[k] = []
             self._i = pos
 
     def get_state(self) -> dict:
-        if self._rows is not None and self._i >= len(self._rows):  # the pool is all out
+        if self._rows is not None and self._i >= self._n:  # the pool is all out
             source, pool_no, pos = self._after, self._pool_no + 1, 0
         else:
             source, pool_no, pos = self._start, self._pool_no, self._i
@@ -230,14 +244,88 @@ class PackTokens(BaseNode[dict]):
             self._rows = None
             return
         self._after = self.source.state_dict()
-        pieces: list[np.ndarray] = []
-        for item in items:
-            pieces += self._pieces(item)
-        rows = _PACKERS[self.algorithm]([len(p) for p in pieces], self.seq_len, self.max_docs)
+        self._arrays, self._views = {}, None  # (the last pool's arrays may be reused once no batch holds them)
+        flat, starts, lengths = self._pool_pieces(items)
+        if not len(lengths):  # every document skipped: a pool of no rows
+            self._rows, self._n, self._i = {}, 0, 0
+            return
+        rows = _PACKERS[self.algorithm](lengths.tolist(), self.seq_len, self.max_docs)
         if self.shuffle:
             random.Random(derive_seed(self.seed, self.epoch, self._pool_no)).shuffle(rows)
-        self._rows = [[pieces[j] for j in row] for row in rows]
-        self._i = 0
+        arrays = lay_out(rows, starts, lengths, flat, seq_len=self.seq_len, width=self.width, pad_id=self.pad_id,
+                         ignore_index=self.ignore_index, mask_first=self.mask_first, dtype=self.dtype,
+                         get=self._array)
+        self._arrays = arrays
+        self._rows = {k: torch.from_numpy(v) for k, v in arrays.items()}
+        for k in _ROW_FIELDS:  # a batch of consecutive rows is a slice of these: collate copies nothing
+            setattr(self._rows[k], SLAB_MARK, True)
+        self._n, self._i = len(rows), 0
+        self._real, self._docs = arrays["num_tokens"].tolist(), arrays["num_docs"].tolist()
+
+    def _array(self, field: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An array for ``lay_out``: a view of one of this node's arrays that nothing else refers
+        to any more (no row, batch or view of an earlier pool is still held), else a new one.
+        Fresh memory costs a page fault per 4 KB (on a VM ~1.7 us, ~0.4 ms a 1.6 MB field:
+        more than laying the pool out); arrays are kept by field, with room for a power of two
+        of rows, so pools of a few rows more or less share them."""
+        buffers = self._buffers.get(field)
+        if buffers is None:
+            buffers = self._buffers[field] = Buffers(keep_free=2)
+        cap = 1 << max(shape[0] - 1, 0).bit_length()
+        return buffers.get((cap, *shape[1:]), np.dtype(dtype))[:shape[0]]
+
+    def _pool_pieces(self, items: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The pool's pieces: ``(flat, starts, lengths)``, piece ``k`` being
+        ``flat[starts[k]:starts[k] + lengths[k]]``, in the order of the documents.
+
+        The common pool (1-D integer ids in range, none empty, none to skip) is checked and cut
+        with a few numpy calls over all its documents; any other goes document by document
+        (``_pieces``), which names the record at fault and counts the skips.
+        """
+        fast = self._fast_ids(items)
+        if fast is None:
+            pieces: list[np.ndarray] = []
+            for item in items:
+                pieces += [p.astype(self.dtype, copy=False) for p in self._pieces(item)]
+            lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+            flat = np.concatenate(pieces) if pieces else np.empty(0, self.dtype)
+            return flat, np.cumsum(lengths) - lengths, lengths
+        flat, lengths = fast
+        seq_len = self.seq_len
+        starts = np.cumsum(lengths) - lengths
+        long = lengths > seq_len
+        n_long = int(np.count_nonzero(long))
+        if not self._replaying:
+            self._stats["docs"] += len(items)
+            if n_long:
+                self._stats["split" if self.overflow == "split" else "truncated"] += n_long
+        if not n_long:
+            return flat, starts, lengths
+        if self.overflow == "truncate":
+            return flat, starts, np.minimum(lengths, seq_len)
+        n_pieces = (lengths + seq_len - 1) // seq_len  # split: pieces of seq_len, the last shorter
+        doc = np.repeat(np.arange(len(lengths), dtype=np.int64), n_pieces)
+        offset = (np.arange(len(doc), dtype=np.int64) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)) * seq_len
+        return flat, starts[doc] + offset, np.minimum(seq_len, lengths[doc] - offset)
+
+    def _fast_ids(self, items: list) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(all ids concatenated, each document's length)`` when every document of the pool
+        passes ``_ids``' checks, is not empty and needs no skip; else None."""
+        field = self.field
+        try:
+            values = [item[field] for item in items]  # (tensors too: concatenate reads them as arrays)
+            lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+            flat = np.concatenate(values)
+        except (KeyError, TypeError, IndexError, ValueError, RuntimeError):
+            return None
+        if flat.ndim != 1 or flat.dtype.kind not in "iub" or not lengths.all():
+            return None
+        if self.overflow == "skip" and int(lengths.max()) > self.seq_len:
+            return None
+        low, high = _range(flat.dtype)
+        if (high > self._top and int(flat.max()) > self._top) or (low < 0 and int(flat.min()) < 0):
+            return None
+        return flat, lengths
 
     def _pieces(self, item: Any) -> list[np.ndarray]:
         """A document's token ids, checked, as the pieces it is packed as (none if skipped)."""
@@ -280,10 +368,7 @@ class PackTokens(BaseNode[dict]):
         # the range check reads only what the ids' dtype can hold: none of a uint8 or uint16
         # can be negative, and none of an int16 over an int16 row's top (two numpy reductions
         # per document were a tenth of pretrain.yaml's time)
-        low_high = _RANGES.get(ids.dtype) if ids.size else None
-        if low_high is None and ids.size:  # (np.iinfo costs as much as a reduction: once a dtype)
-            info = np.iinfo(ids.dtype) if ids.dtype.kind != "b" else None
-            low_high = _RANGES[ids.dtype] = (int(info.min), int(info.max)) if info is not None else (0, 1)
+        low_high = _range(ids.dtype) if ids.size else None
         if low_high is not None and ((low_high[1] > self._top and int(ids.max()) > self._top)
                                      or (low_high[0] < 0 and int(ids.min()) < 0)):
             bad = int(ids.max()) if int(ids.max()) > self._top else int(ids.min())
@@ -297,22 +382,68 @@ class PackTokens(BaseNode[dict]):
         log_skip(log, self.ledger.count, f"{self.where}: skipped {sample}: {why}")
 
     # ----- emitting -----------------------------------------------------------------------
-    def next(self) -> dict:
-        while self._rows is None or self._i >= len(self._rows):
+    def _pool_left(self) -> bool:
+        """Make the current pool one with rows left (reading the next ones); False at the end."""
+        while self._rows is None or self._i >= self._n:
             if self._rows is not None:  # that pool is all out: the next begins here
                 self._start, self._pool_no, self._rows, self._i = self._after, self._pool_no + 1, None, 0
             self._load()
             if self._rows is None:
-                raise StopIteration
-        pieces = self._rows[self._i]
-        self._rows[self._i] = []
-        self._i += 1
-        row = assemble(pieces, seq_len=self.seq_len, width=self.width, pad_id=self.pad_id,
-                       ignore_index=self.ignore_index, mask_first=self.mask_first, dtype=self.dtype)
+                return False
+        return True
+
+    def next(self) -> dict:
+        if self.batch_size is not None:
+            return self._next_batch()
+        if not self._pool_left():
+            raise StopIteration
+        i = self._i
+        self._i = i + 1
+        views = self._views
+        if views is None:  # every row's views at once (one C loop, not a Python index per field and row)
+            views = self._views = {k: self._rows[k].unbind(0) for k in _ROW_FIELDS}
+            views["num_docs"], views["num_tokens"] = self._docs, self._real
+        self._count(i, i + 1)
+        return {k: v[i] for k, v in views.items()}
+
+    def _next_batch(self) -> dict:
+        """``batch_size`` rows, collated: the rows of one pool are a slice of its arrays (no
+        copy); a batch across two pools joins the two slices."""
+        i, size = self._i, self.batch_size
+        if i + size <= self._n and self._rows is not None:  # the common batch: inside the pool
+            self._i = i + size
+            self._count(i, i + size)
+            return {k: torch.from_numpy(v[i:i + size]) for k, v in self._arrays.items()}
+        parts: list[dict[str, np.ndarray]] = []
+        need = size
+        while need and self._pool_left():
+            i = self._i
+            take = min(need, self._n - i)
+            parts.append({k: v[i:i + take] for k, v in self._arrays.items()})
+            self._count(i, i + take)
+            self._i = i + take
+            need -= take
+        if not parts or (need and self.drop_last):
+            raise StopIteration
+        if len(parts) == 1:  # (numpy slices and from_numpy: a third of torch's slicing)
+            return {k: torch.from_numpy(v) for k, v in parts[0].items()}
+        return {k: torch.from_numpy(np.concatenate([p[k] for p in parts])) for k in parts[0]}
+
+    def _count(self, i: int, j: int) -> None:
+        """Rows ``i`` to ``j`` of the pool go out: into the padding figures."""
         s = self._stats
-        real = row["num_tokens"]
-        s["real"] += real
-        s["rows"] += 1
-        s["pieces"] += row["num_docs"]
-        s["min_real"] = real if s["min_real"] < 0 else min(s["min_real"], real)
-        return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in row.items()}
+        real = self._real[i:j]
+        low = min(real)
+        s["real"] += sum(real)
+        s["rows"] += j - i
+        s["pieces"] += sum(self._docs[i:j])
+        s["min_real"] = low if s["min_real"] < 0 else min(s["min_real"], low)
+
+
+def _range(dtype: np.dtype) -> tuple[int, int]:
+    """An integer (or bool) dtype's ``(min, max)``, kept (np.iinfo costs as much as a reduction)."""
+    got = _RANGES.get(dtype)
+    if got is None:
+        info = np.iinfo(dtype) if dtype.kind != "b" else None
+        got = _RANGES[dtype] = (int(info.min), int(info.max)) if info is not None else (0, 1)
+    return got
