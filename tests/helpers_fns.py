@@ -203,3 +203,15 @@ def fail_on_seven(item):
     if int(out["index"]) == 7:
         raise ValueError("sample 7 is bad")
     return out
+
+
+def numbers_and_a_big_row(item):
+    """``conveyor.files:read_numbers`` and ``"big"``: 1 MiB of float32, each the sample's index
+    (a batch of 4 is a tensor that goes through shared memory, not by value)."""
+    import torch
+
+    from conveyor.files import read_numbers
+
+    record = read_numbers(item)
+    record["big"] = torch.full((1 << 18,), float(record["index"]))
+    return record

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from conveyor import load_graph
 from ray_cluster import RAY_ENV, free_port, start_cluster
@@ -87,25 +88,69 @@ def test_ray_copies_give_the_batches_of_process_copies_and_resume_them(cluster, 
     assert sorted(head + rest) == sorted(want[0]) and len(head + rest) == 40
 
 
-def test_an_actor_killed_mid_epoch_resumes_exactly_once(cluster, tmp_path: Path) -> None:
+BIG = "helpers_fns:numbers_and_a_big_row"  # 1 MiB a sample: batches through shared memory
+
+
+def _ask(copy, method: str):
     from conveyor.nodes._workers.ray_actors import CONTROL
     import ray
 
-    spec = _spec(tmp_path, _ray(cluster))
-    with load_graph(spec) as loader:
+    return ray.get(getattr(copy.actor, method).options(concurrency_group=CONTROL).remote())
+
+
+def _indexes(batches) -> list[int]:
+    return [i for b in batches for i in b["index"].tolist()]
+
+
+def _check_big(batches) -> None:
+    for b in batches:  # each row its sample's index: no slot was written again under a held batch
+        assert torch.equal(b["big"], b["index"].float()[:, None].expand(-1, 1 << 18))
+
+
+def test_an_actor_killed_mid_epoch_resumes_exactly_once(cluster, tmp_path: Path) -> None:
+    with load_graph(_spec(tmp_path, "{copies: 2, method: process}", fn=BIG)) as loader:
         want = [i for _ in range(3) for b in loader for i in b["index"].tolist()]
-    with load_graph(spec) as loader:
+    with load_graph(_spec(tmp_path, _ray(cluster), fn=BIG)) as loader:
         it = iter(loader)
-        got = [i for _ in range(3) for i in next(it)["index"].tolist()]
-        actor = loader._epochs.run.copies()._workers[0]
-        pid = ray.get(actor.actor.pid.options(concurrency_group=CONTROL).remote())
-        os.kill(pid, signal.SIGKILL)
-        got += [i for b in it for i in b["index"].tolist()]
+        held = [next(it) for _ in range(3)]
+        copies = loader._epochs.run.copies()._workers
+        victim = next((c for c in copies if _ask(c, "shares")), copies[0])  # one with slots, if any
+        os.kill(_ask(victim, "pid"), signal.SIGKILL)
+        held += list(it)
         # two epochs more: the actor had sent this epoch's and the next one's chunks before it
         # was killed (8 calls in flight hold 40 items), the third it sends after its restart
-        got += [i for _ in range(2) for b in loader for i in b["index"].tolist()]
+        held += [b for _ in range(2) for b in loader]
         assert loader.stats()["nodes"]["parse"]["actor_restarts"] == 1  # one death, counted once
-    assert got == want  # three epochs: nothing lost, nothing repeated, in the same order
+    assert _indexes(held) == want  # three epochs: nothing lost, nothing repeated, in the same order
+    _check_big(held)  # batches of the dead actor's slots and of its new life's, all held
+
+
+def test_actors_on_the_drivers_node_hand_big_tensors_over_in_shared_memory(cluster, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    from conveyor.nodes._workers import ray_actors
+    import ray
+
+    with load_graph(_spec(tmp_path, "{copies: 2, method: process}", fn=BIG)) as procs:
+        want = [_indexes(procs) for _ in range(2)]
+    with load_graph(_spec(tmp_path, _ray(cluster), fn=BIG)) as actors:
+        held = [list(actors) for _ in range(2)]  # every batch kept while the actors go on
+        copies = actors._epochs.run.copies()._workers
+        here = ray_actors._driver_node(ray)
+        where = [(_ask(c, "node") == here, _ask(c, "shares"), c.shared_bytes) for c in copies]
+        prefix = copies[0].prefix.rsplit("-w", 1)[0]
+    assert [_indexes(b) for b in held] == want
+    _check_big(held[0] + held[1])
+    # an actor on this node shares memory, one on the other node uses the object store
+    assert [(local, local, local) for local, _, _ in where] == [(a, b, c > 0) for a, b, c in where]
+    assert any(local for local, _, _ in where), where  # Ray places the first actor on the caller's node
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]  # closed: no names left behind
+    monkeypatch.setattr(ray_actors, "_driver_node", lambda ray: "another-node")  # as if all were remote
+    with load_graph(_spec(tmp_path, _ray(cluster), fn=BIG)) as actors:
+        held = list(actors)
+        stats = actors.stats()["nodes"]["parse"]
+    assert _indexes(held) == want[0] and stats["shared_memory_bytes"] == 0
+    assert stats["object_store_bytes"] >= 40 << 20  # 40 samples of 1 MiB, through the object store
+    _check_big(held)
 
 
 def test_an_unreachable_cluster_is_named_fast(tmp_path: Path) -> None:
