@@ -169,3 +169,39 @@ def test_a_failing_fn_in_an_actor_follows_on_error(cluster, tmp_path: Path) -> N
     with load_graph(_spec(tmp_path, _ray(cluster), fn="helpers_fns:fail_on_seven", on_error="skip")) as loader:
         got = [i for b in loader for i in b["index"].tolist()]
     assert len(got) == 39 and len(set(got)) == 39
+
+
+def test_a_node_removed_mid_epoch_moves_its_actors_and_nothing_is_lost(cluster, tmp_path: Path) -> None:
+    """The last test of the module: it takes one of the cluster's two nodes away (the one the
+    driver is not attached to: Ray picks either, both being on 127.0.0.1)."""
+    from conveyor.nodes._workers import ray_actors
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    import ray
+
+    with load_graph(_spec(tmp_path, "{copies: 2, method: process}")) as loader:
+        want = [_indexes(loader) for _ in range(3)]
+    ray_actors.connect(cluster.address)
+    here = ray_actors._driver_node(ray)
+    # the driver's node held full for a moment: both actors start on the second node
+    hold = ray.remote(num_cpus=2)(_Hold).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+    ray.get(hold.ready.remote())
+    with load_graph(_spec(tmp_path, _ray(cluster))) as loader:
+        it = iter(loader)
+        got = [i for _ in range(3) for i in next(it)["index"].tolist()]
+        copies = loader._epochs.run.copies()._workers
+        assert all(_ask(c, "node") != here for c in copies)
+        nodes = {cluster.node_of(_ask(c, "pid")) for c in copies}
+        assert len(nodes) == 1, nodes
+        ray.kill(hold)  # room on the driver's node for the actors Ray restarts
+        cluster.remove_node(nodes.pop())  # the other node is gone, with both actors
+        got += [i for b in it for i in b["index"].tolist()]
+        got += [i for _ in range(2) for b in loader for i in b["index"].tolist()]
+        assert all(_ask(c, "node") == here for c in copies)  # restarted on the node that is left
+        assert loader.stats()["nodes"]["parse"]["actor_restarts"] == 2  # one death each
+    assert got == [i for epoch in want for i in epoch]  # nothing lost, nothing repeated, in order
+
+
+class _Hold:
+    def ready(self) -> bool:
+        return True
