@@ -215,3 +215,15 @@ def numbers_and_a_big_row(item):
     record = read_numbers(item)
     record["big"] = torch.full((1 << 18,), float(record["index"]))
     return record
+
+
+def numbers_one_huge(item, *, mib: int = 300):
+    """``conveyor.files:read_numbers`` and ``"big"``: ``mib`` MiB of ones for the sample of index
+    7, one byte for the others (more than a test cluster's object store holds, in one chunk)."""
+    import torch
+
+    from conveyor.files import read_numbers
+
+    record = read_numbers(item)
+    record["big"] = torch.ones(mib << 20 if record["index"] == 7 else 1, dtype=torch.uint8)
+    return record

@@ -171,6 +171,24 @@ def test_a_failing_fn_in_an_actor_follows_on_error(cluster, tmp_path: Path) -> N
     assert len(got) == 39 and len(set(got)) == 39
 
 
+def test_a_chunk_larger_than_the_object_store_comes_through_whole(cluster, tmp_path: Path, monkeypatch) -> None:
+    """Each node's object store holds 200 MB (tests/ray_cluster.py); one sample of 300 MiB goes
+    through it (as from an actor on another node): Ray allocates it outside the store, and the
+    epoch ends whole, not in a hang."""
+    from conveyor.nodes._workers import ray_actors
+
+    monkeypatch.setattr(ray_actors, "_driver_node", lambda ray: "another-node")  # no shared memory
+    spec = _spec(tmp_path, _ray(cluster), fn="helpers_fns:numbers_one_huge")
+    with load_graph(spec, batch_size=1) as loader:
+        seen = {}
+        for b in loader:
+            seen[int(b["index"][0])] = (b["big"].numel(), int(b["big"].sum()))
+        stats = loader.stats()["nodes"]["parse"]
+    assert sorted(seen) == list(range(40)) and seen[7] == (300 << 20, 300 << 20)
+    assert all(v == (1, 1) for k, v in seen.items() if k != 7)
+    assert stats["object_store_bytes"] >= 300 << 20 and stats["shared_memory_bytes"] == 0
+
+
 def test_a_node_removed_mid_epoch_moves_its_actors_and_nothing_is_lost(cluster, tmp_path: Path) -> None:
     """The last test of the module: it takes one of the cluster's two nodes away (the one the
     driver is not attached to: Ray picks either, both being on 127.0.0.1)."""

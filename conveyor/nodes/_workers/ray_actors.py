@@ -277,10 +277,12 @@ class RayCopy:
         except ray.exceptions.RayActorError as exc:  # died, or unavailable while Ray restarts it
             self._restart(exc)
             raise queue.Empty from None
-        except ray.exceptions.ObjectStoreFullError as exc:
-            raise RuntimeError(f"worker copy {self.w} (ray actor): Ray's object store is full ({exc}); "
-                               "give it more memory (ray start --object-store-memory) or send smaller "
-                               "chunks") from None
+        except (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError) as exc:
+            # a chunk larger than the store is allocated outside it, on disk: this is both full
+            raise RuntimeError(f"worker copy {self.w} (ray actor): Ray's object store is full, and so is "
+                               f"the disk it spills to ({type(exc).__name__}: {exc}); give it more memory "
+                               "(ray start --object-store-memory) or disk, or run the actors on the "
+                               "driver's node (their batches then go through shared memory)") from None
         except ray.exceptions.RayError as exc:
             raise RuntimeError(f"worker copy {self.w} (ray actor) failed: {exc}") from None
         self.failing_since = None  # it answers: a death, if there was one, is over
