@@ -5,9 +5,15 @@ as a worker process (``copy_worker._serve``) in a thread of its own, into a one-
 The main process pulls that stream: ``RayCopy`` keeps ``depth`` calls of the actor's
 ``next_message`` in flight (the credits of process copies: a call is a chunk the actor may have
 ready ahead of the merge), and hands each message to ``WorkerCopies`` as a worker's pipe would,
-so the merge, the run-ahead and the state are those of process copies. A chunk's tensors are
-packed into one buffer (``chunk_packing``) that Ray returns through its object store out of
-band: the tensors handed on are views of the object store's memory, not copies.
+so the merge, the run-ahead and the state are those of process copies. An actor on the
+driver's node lends the driver its big tensors (1 MiB and more: the image batches) in
+shared-memory slots named by file (``named_slots``, a new set each life of the actor), as a
+worker process does; only the slots' numbers and the small tensors cross Ray. Elsewhere (or
+once ``/dev/shm`` fails) a chunk's tensors are packed into one buffer (``chunk_packing``) that
+Ray returns through its object store out of band: the tensors handed on are views of the
+object store's memory, not copies. On imagenet-procs.yaml (2 copies, 2 cores) the object
+store's way cost 1.05 ms of CPU an image in all (actors, driver, raylet) against 0.79 for
+worker processes (0.70 × their rate); through the slots, 0.83.
 
 Faults: an actor whose process dies (SIGKILL, its node removed) is restarted by Ray
 (``max_restarts``; no task retries: a call it had not answered fails). ``RayCopy`` then starts
