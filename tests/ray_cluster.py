@@ -23,7 +23,10 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 # health check every 3 s, 5 failures): the node-removal test waits for it. Not so tight that a
 # busy host's slow answer reads as a death.
 NODE_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
-            "RAY_health_check_failure_threshold": "4"}
+            "RAY_health_check_failure_threshold": "4",
+            # an object that does not fit a node's 200 MB store is an error at once, as on a node
+            # whose disk is full too (by default Ray allocates it on disk instead: slower, whole)
+            "RAY_local_fs_capacity_threshold": "0"}
 
 
 def free_port() -> int:

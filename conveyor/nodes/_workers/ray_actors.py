@@ -36,6 +36,7 @@ import time
 import uuid
 from typing import Any, Callable
 
+from conveyor.errors import WorkerError
 from conveyor.nodes._workers.chunk_packing import pack, unpack
 from conveyor.nodes._workers.copy_worker import BASE_KEY, END, ERR, ITEMS, POLL, SKIP_KEY, START
 from conveyor.nodes._workers.named_slots import FileBorrower, FileFlags, lender_for, remove_slots
@@ -48,6 +49,13 @@ CONNECT_TIMEOUT = 3.0  # seconds to reach a cluster's address before calling it 
 CONTROL = "control"  # the actor's concurrency group for start and pid
 MAX_RESTARTS = 3  # per actor: how often Ray restarts a copy whose process died
 BACK_WITHIN = 60.0  # seconds a dead actor has to answer again (Ray restarting it) before it is an error
+
+
+def _first_line(exc: BaseException) -> str:
+    """The line of Ray's message that says what happened (its task errors lead with a frame)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    said = [ln for ln in lines if ln.startswith("ray.exceptions.")]
+    return (said[-1].split(": ", 1)[-1] if said else lines[-1] if lines else type(exc).__name__)
 
 
 def import_ray() -> Any:
@@ -285,12 +293,14 @@ class RayCopy:
             raise queue.Empty from None
         except (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError) as exc:
             # a chunk larger than the store is allocated outside it, on disk: this is both full
-            raise RuntimeError(f"worker copy {self.w} (ray actor): Ray's object store is full, and so is "
-                               f"the disk it spills to ({type(exc).__name__}: {exc}); give it more memory "
-                               "(ray start --object-store-memory) or disk, or run the actors on the "
-                               "driver's node (their batches then go through shared memory)") from None
+            what = "OutOfDiskError" if isinstance(exc, ray.exceptions.OutOfDiskError) else "ObjectStoreFullError"
+            raise WorkerError(f"worker copy {self.w} (ray actor): Ray's object store is full, and so is the "
+                              f"disk it spills to: a chunk could not be stored ({what}: "
+                              f"{_first_line(exc)}); give the nodes more object store memory (ray start "
+                              "--object-store-memory) or disk, or run the actors on the driver's node "
+                              "(their batches then go through shared memory)") from None
         except ray.exceptions.RayError as exc:
-            raise RuntimeError(f"worker copy {self.w} (ray actor) failed: {exc}") from None
+            raise WorkerError(f"worker copy {self.w} (ray actor) failed: {exc}") from None
         self.failing_since = None  # it answers: a death, if there was one, is over
         if msg is None:
             raise queue.Empty  # a call from before a restart
