@@ -349,14 +349,14 @@ class RayCopy:
                         "last chunk taken", self.w, type(exc).__name__)
         elif now - self.failing_since > BACK_WITHIN:
             self.alive = False
-            raise RuntimeError(f"worker copy {self.w} (ray actor) died and has not come back within "
-                               f"{BACK_WITHIN:g} s (restarts so far: {self.restarts}): {exc}") from None
+            raise WorkerError(f"worker copy {self.w} (ray actor) died and has not come back within "
+                              f"{BACK_WITHIN:g} s (restarts so far: {self.restarts}): {exc}") from None
         else:
             time.sleep(0.1)  # still restarting: ask again in a moment, not in a busy loop
         if self.restarts > self.max_restarts:
             self.alive = False
-            raise RuntimeError(f"worker copy {self.w} (ray actor) died and Ray has restarted it "
-                               f"{self.max_restarts} times already: {exc}") from None
+            raise WorkerError(f"worker copy {self.w} (ray actor) died and Ray has restarted it "
+                              f"{self.max_restarts} times already: {exc}") from None
         self.life, self.seq = self.life + 1, 0
         self.refs.clear()
         self._new_share()
