@@ -224,3 +224,42 @@ def test_a_node_removed_mid_epoch_moves_its_actors_and_nothing_is_lost(cluster, 
 class _Hold:
     def ready(self) -> bool:
         return True
+
+
+def test_named_slots_hand_a_tensor_over_by_name_and_take_its_slot_back_once_let_go(tmp_path: Path, caplog) -> None:
+    """The shared memory of an actor on the driver's node, in one process (no Ray needed)."""
+    import logging
+    import uuid
+
+    from conveyor.nodes._workers.chunk_packing import pack, unpack
+    from conveyor.nodes._workers.named_slots import FileBorrower, FileFlags, FileLender, remove_slots
+    from conveyor.nodes._workers.ray_actors import _ActorPacker
+
+    prefix = f"conveyor-test-{uuid.uuid4().hex[:8]}"
+    flags = FileFlags(f"/dev/shm/{prefix}-flags", create=True)
+    lender, borrower = FileLender(FileFlags(flags.path), prefix, first=2), FileBorrower(flags)
+    flags.remove()
+    try:
+        big = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB: lent, not packed
+        first = pack([{"big": big, "i": 0}], lender=lender)
+        assert len(first[2].raw()) == 0 and os.path.exists(f"/dev/shm/{prefix}-s0")  # only the name travels
+        got = unpack(first, borrower)
+        assert torch.equal(got[0]["big"], big) and not os.path.exists(f"/dev/shm/{prefix}-s0")  # mapped, unnamed
+        assert flags[0] == 1 and borrower.release() == 1  # held by the batch: still lent
+        again = unpack(pack([{"big": big + 1, "i": 1}], lender=lender), borrower)  # into the other slot
+        assert torch.equal(got[0]["big"], big) and torch.equal(again[0]["big"], big + 1)
+        del got
+        assert borrower.release() == 1 and flags[0] == 0  # let go: slot 0 may be written again
+        third = pack([{"big": big + 2, "i": 2}], lender=lender)
+        assert third[1] == [] and unpack(third, borrower)[0]["big"][0] == 2  # slot 0 again, by number
+        assert borrower.nbytes == 3 << 20
+    finally:
+        remove_slots(prefix)
+    # /dev/shm failing in an actor: its chunks go by value (the object store), said once
+    packer = _ActorPacker(0)
+    packer.lender = FileLender(FileFlags(str(tmp_path / "flags"), create=True), "no-such-folder/x")
+    with caplog.at_level(logging.WARNING, logger="conveyor.nodes._workers.ray_actors"):
+        payload = packer([{"big": big}])
+    assert packer.lender is None and len(payload[2].raw()) == 1 << 20
+    assert torch.equal(unpack(payload)[0]["big"], big)
+    assert any("shared memory with the driver failed" in r.getMessage() for r in caplog.records)
