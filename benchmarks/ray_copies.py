@@ -10,7 +10,9 @@ started by the loader counts here) is reported apart; the steady rate is images/
 10th batch to the end of ``--epochs`` epochs. Nothing of one contender runs while the other is
 timed (each loader is closed, its processes ended, before the next starts). The Ray rows also
 give the bytes per batch that crossed the object store (``object_store_bytes`` over the
-batches the actors sent, from the loader's stats).
+batches the actors sent, from the loader's stats) and those that came through shared memory
+(``shared_memory_bytes``: actors on the driver's node lend it their big tensors in slots, as
+worker processes do; on a cluster, the actors on other nodes use the object store).
 """
 
 from __future__ import annotations
@@ -68,9 +70,10 @@ def measure(spec: Path, epochs: int, image_size: int) -> dict:
         stats = loader.stats()  # the copies' counters run over the loader's life
         sent_bytes = _find(stats, "object_store_bytes")
         sent_chunks = _find(stats, "object_store_chunks")
+        shared_bytes = _find(stats, "shared_memory_bytes")
     rate = n / (end - t_steady) if t_steady is not None and end > t_steady else float("nan")
     return {"startup": first or float("nan"), "rate": rate, "batches": batches,
-            "bytes": sent_bytes, "chunks": sent_chunks}
+            "bytes": sent_bytes, "chunks": sent_chunks, "shared": shared_bytes}
 
 
 def main() -> None:
@@ -99,6 +102,7 @@ def main() -> None:
     ratios = [a["rate"] / b["rate"] for a, b in zip(results["ray"], results["process"])]
     ray_rows = results["ray"]
     per_batch = [x["bytes"] / x["batches"] for x in ray_rows if x["batches"]]
+    shared = [x["shared"] / x["batches"] for x in ray_rows if x["batches"]]
     print(f"# ray_copies: {datetime.date.today()}, {platform.node()}, {os.cpu_count()} cores, "
           f"{args.rounds} rounds x {args.epochs} epochs, image_size {args.image_size}, "
           f"cluster {os.environ.get('RAY_ADDRESS') or 'local (started by the loader)'}")
@@ -113,8 +117,9 @@ def main() -> None:
           f"(rounds {min(ratios):.2f}-{max(ratios):.2f}; target >= 0.9)")
     if per_batch:
         chunks = statistics.median(x["chunks"] for x in ray_rows)
-        print(f"object store: {statistics.median(per_batch) / 2**20:.2f} MiB per batch crossed it "
-              f"(median over rounds; {chunks:.0f} chunks a loader)")
+        print(f"object store: {statistics.median(per_batch) / 2**20:.3f} MiB per batch crossed it, "
+              f"shared memory {statistics.median(shared) / 2**20:.2f} MiB (median over rounds; "
+              f"{chunks:.0f} chunks a loader)")
 
 
 if __name__ == "__main__":

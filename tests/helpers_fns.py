@@ -203,3 +203,27 @@ def fail_on_seven(item):
     if int(out["index"]) == 7:
         raise ValueError("sample 7 is bad")
     return out
+
+
+def numbers_and_a_big_row(item):
+    """``conveyor.files:read_numbers`` and ``"big"``: 1 MiB of float32, each the sample's index
+    (a batch of 4 is a tensor that goes through shared memory, not by value)."""
+    import torch
+
+    from conveyor.files import read_numbers
+
+    record = read_numbers(item)
+    record["big"] = torch.full((1 << 18,), float(record["index"]))
+    return record
+
+
+def numbers_one_huge(item, *, mib: int = 300):
+    """``conveyor.files:read_numbers`` and ``"big"``: ``mib`` MiB of ones for the sample of index
+    7, one byte for the others (more than a test cluster's object store holds, in one chunk)."""
+    import torch
+
+    from conveyor.files import read_numbers
+
+    record = read_numbers(item)
+    record["big"] = torch.ones(mib << 20 if record["index"] == 7 else 1, dtype=torch.uint8)
+    return record

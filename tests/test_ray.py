@@ -1,6 +1,8 @@
 """Worker copies as Ray actors (``workers: {method: ray}``) on a real two-node cluster on
 127.0.0.1 (tests/ray_cluster.py, one for the module): the batches of process copies, states
-that resume either way, exactly-once across an actor SIGKILLed mid-epoch, clear errors."""
+that resume either way, big tensors through shared memory from actors on the driver's node
+and through the object store from elsewhere, exactly-once across an actor SIGKILLed mid-epoch
+and across a node removed, clear errors (an unreachable cluster, a full object store)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from conveyor import load_graph
 from ray_cluster import RAY_ENV, free_port, start_cluster
@@ -87,25 +90,69 @@ def test_ray_copies_give_the_batches_of_process_copies_and_resume_them(cluster, 
     assert sorted(head + rest) == sorted(want[0]) and len(head + rest) == 40
 
 
-def test_an_actor_killed_mid_epoch_resumes_exactly_once(cluster, tmp_path: Path) -> None:
+BIG = "helpers_fns:numbers_and_a_big_row"  # 1 MiB a sample: batches through shared memory
+
+
+def _ask(copy, method: str):
     from conveyor.nodes._workers.ray_actors import CONTROL
     import ray
 
-    spec = _spec(tmp_path, _ray(cluster))
-    with load_graph(spec) as loader:
+    return ray.get(getattr(copy.actor, method).options(concurrency_group=CONTROL).remote())
+
+
+def _indexes(batches) -> list[int]:
+    return [i for b in batches for i in b["index"].tolist()]
+
+
+def _check_big(batches) -> None:
+    for b in batches:  # each row its sample's index: no slot was written again under a held batch
+        assert torch.equal(b["big"], b["index"].float()[:, None].expand(-1, 1 << 18))
+
+
+def test_an_actor_killed_mid_epoch_resumes_exactly_once(cluster, tmp_path: Path) -> None:
+    with load_graph(_spec(tmp_path, "{copies: 2, method: process}", fn=BIG)) as loader:
         want = [i for _ in range(3) for b in loader for i in b["index"].tolist()]
-    with load_graph(spec) as loader:
+    with load_graph(_spec(tmp_path, _ray(cluster), fn=BIG)) as loader:
         it = iter(loader)
-        got = [i for _ in range(3) for i in next(it)["index"].tolist()]
-        actor = loader._epochs.run.copies()._workers[0]
-        pid = ray.get(actor.actor.pid.options(concurrency_group=CONTROL).remote())
-        os.kill(pid, signal.SIGKILL)
-        got += [i for b in it for i in b["index"].tolist()]
+        held = [next(it) for _ in range(3)]
+        copies = loader._epochs.run.copies()._workers
+        victim = next((c for c in copies if _ask(c, "shares")), copies[0])  # one with slots, if any
+        os.kill(_ask(victim, "pid"), signal.SIGKILL)
+        held += list(it)
         # two epochs more: the actor had sent this epoch's and the next one's chunks before it
         # was killed (8 calls in flight hold 40 items), the third it sends after its restart
-        got += [i for _ in range(2) for b in loader for i in b["index"].tolist()]
+        held += [b for _ in range(2) for b in loader]
         assert loader.stats()["nodes"]["parse"]["actor_restarts"] == 1  # one death, counted once
-    assert got == want  # three epochs: nothing lost, nothing repeated, in the same order
+    assert _indexes(held) == want  # three epochs: nothing lost, nothing repeated, in the same order
+    _check_big(held)  # batches of the dead actor's slots and of its new life's, all held
+
+
+def test_actors_on_the_drivers_node_hand_big_tensors_over_in_shared_memory(cluster, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    from conveyor.nodes._workers import ray_actors
+    import ray
+
+    with load_graph(_spec(tmp_path, "{copies: 2, method: process}", fn=BIG)) as procs:
+        want = [_indexes(procs) for _ in range(2)]
+    with load_graph(_spec(tmp_path, _ray(cluster), fn=BIG)) as actors:
+        held = [list(actors) for _ in range(2)]  # every batch kept while the actors go on
+        copies = actors._epochs.run.copies()._workers
+        here = ray_actors._driver_node(ray)
+        where = [(_ask(c, "node") == here, _ask(c, "shares"), c.shared_bytes) for c in copies]
+        prefix = copies[0].prefix.rsplit("-w", 1)[0]
+    assert [_indexes(b) for b in held] == want
+    _check_big(held[0] + held[1])
+    # an actor on this node shares memory, one on the other node uses the object store
+    assert [(local, local, local) for local, _, _ in where] == [(a, b, c > 0) for a, b, c in where]
+    assert any(local for local, _, _ in where), where  # Ray places the first actor on the caller's node
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]  # closed: no names left behind
+    monkeypatch.setattr(ray_actors, "_driver_node", lambda ray: "another-node")  # as if all were remote
+    with load_graph(_spec(tmp_path, _ray(cluster), fn=BIG)) as actors:
+        held = list(actors)
+        stats = actors.stats()["nodes"]["parse"]
+    assert _indexes(held) == want[0] and stats["shared_memory_bytes"] == 0
+    assert stats["object_store_bytes"] >= 40 << 20  # 40 samples of 1 MiB, through the object store
+    _check_big(held)
 
 
 def test_an_unreachable_cluster_is_named_fast(tmp_path: Path) -> None:
@@ -124,3 +171,95 @@ def test_a_failing_fn_in_an_actor_follows_on_error(cluster, tmp_path: Path) -> N
     with load_graph(_spec(tmp_path, _ray(cluster), fn="helpers_fns:fail_on_seven", on_error="skip")) as loader:
         got = [i for b in loader for i in b["index"].tolist()]
     assert len(got) == 39 and len(set(got)) == 39
+
+
+def test_a_full_object_store_is_an_error_naming_it_not_a_hang(cluster, tmp_path: Path, monkeypatch) -> None:
+    """Each node's object store holds 200 MB and may not spill (tests/ray_cluster.py); one
+    sample of 300 MiB goes through it, as from an actor on another node."""
+    from conveyor import WorkerError
+    from conveyor.nodes._workers import ray_actors
+
+    monkeypatch.setattr(ray_actors, "_driver_node", lambda ray: "another-node")  # no shared memory
+    spec = _spec(tmp_path, _ray(cluster), fn="helpers_fns:numbers_one_huge")
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match=r"worker copy \d \(ray actor\): Ray's object store is full, and so is "
+                                          r"the disk it spills to: a chunk could not be stored \(OutOfDiskError"):
+        with load_graph(spec, batch_size=1) as loader:
+            for _ in loader:
+                pass
+    assert time.monotonic() - t0 < 120  # at once, not after a wait for room that never comes
+
+
+def test_a_node_removed_mid_epoch_moves_its_actors_and_nothing_is_lost(cluster, tmp_path: Path) -> None:
+    """The last test of the module: it takes one of the cluster's two nodes away (the one the
+    driver is not attached to: Ray picks either, both being on 127.0.0.1)."""
+    from conveyor.nodes._workers import ray_actors
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    import ray
+
+    with load_graph(_spec(tmp_path, "{copies: 2, method: process}")) as loader:
+        want = [_indexes(loader) for _ in range(3)]
+    ray_actors.connect(cluster.address)
+    here = ray_actors._driver_node(ray)
+    # the driver's node held full for a moment: both actors start on the second node
+    hold = ray.remote(num_cpus=2)(_Hold).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+    ray.get(hold.ready.remote())
+    with load_graph(_spec(tmp_path, _ray(cluster))) as loader:
+        it = iter(loader)
+        got = [i for _ in range(3) for i in next(it)["index"].tolist()]
+        copies = loader._epochs.run.copies()._workers
+        assert all(_ask(c, "node") != here for c in copies)
+        nodes = {cluster.node_of(_ask(c, "pid")) for c in copies}
+        assert len(nodes) == 1, nodes
+        ray.kill(hold)  # room on the driver's node for the actors Ray restarts
+        cluster.remove_node(nodes.pop())  # the other node is gone, with both actors
+        got += [i for b in it for i in b["index"].tolist()]
+        got += [i for _ in range(2) for b in loader for i in b["index"].tolist()]
+        assert all(_ask(c, "node") == here for c in copies)  # restarted on the node that is left
+        assert loader.stats()["nodes"]["parse"]["actor_restarts"] == 2  # one death each
+    assert got == [i for epoch in want for i in epoch]  # nothing lost, nothing repeated, in order
+
+
+class _Hold:
+    def ready(self) -> bool:
+        return True
+
+
+def test_named_slots_hand_a_tensor_over_by_name_and_take_its_slot_back_once_let_go(tmp_path: Path, caplog) -> None:
+    """The shared memory of an actor on the driver's node, in one process (no Ray needed)."""
+    import logging
+    import uuid
+
+    from conveyor.nodes._workers.chunk_packing import pack, unpack
+    from conveyor.nodes._workers.named_slots import FileBorrower, FileFlags, FileLender, remove_slots
+    from conveyor.nodes._workers.ray_actors import _ActorPacker
+
+    prefix = f"conveyor-test-{uuid.uuid4().hex[:8]}"
+    flags = FileFlags(f"/dev/shm/{prefix}-flags", create=True)
+    lender, borrower = FileLender(FileFlags(flags.path), prefix, first=2), FileBorrower(flags)
+    flags.remove()
+    try:
+        big = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB: lent, not packed
+        first = pack([{"big": big, "i": 0}], lender=lender)
+        assert len(first[2].raw()) == 0 and os.path.exists(f"/dev/shm/{prefix}-s0")  # only the name travels
+        got = unpack(first, borrower)
+        assert torch.equal(got[0]["big"], big) and not os.path.exists(f"/dev/shm/{prefix}-s0")  # mapped, unnamed
+        assert flags[0] == 1 and borrower.release() == 1  # held by the batch: still lent
+        again = unpack(pack([{"big": big + 1, "i": 1}], lender=lender), borrower)  # into the other slot
+        assert torch.equal(got[0]["big"], big) and torch.equal(again[0]["big"], big + 1)
+        del got
+        assert borrower.release() == 1 and flags[0] == 0  # let go: slot 0 may be written again
+        third = pack([{"big": big + 2, "i": 2}], lender=lender)
+        assert third[1] == [] and unpack(third, borrower)[0]["big"][0] == 2  # slot 0 again, by number
+        assert borrower.nbytes == 3 << 20
+    finally:
+        remove_slots(prefix)
+    # /dev/shm failing in an actor: its chunks go by value (the object store), said once
+    packer = _ActorPacker(0)
+    packer.lender = FileLender(FileFlags(str(tmp_path / "flags"), create=True), "no-such-folder/x")
+    with caplog.at_level(logging.WARNING, logger="conveyor.nodes._workers.ray_actors"):
+        payload = packer([{"big": big}])
+    assert packer.lender is None and len(payload[2].raw()) == 1 << 20
+    assert torch.equal(unpack(payload)[0]["big"], big)
+    assert any("shared memory with the driver failed" in r.getMessage() for r in caplog.records)

@@ -1,6 +1,7 @@
 """The bounded local cache of remote shards (``read_tar``/``fetch`` ``cache:``), against moto's
 S3 server on 127.0.0.1 (issue 31 item 5): a limit smaller than the epoch's shards, shards
-re-packed under their names, two processes sharing one folder, a folder that fills up."""
+re-packed under their names, two processes sharing one folder, a disk that fills up (the
+oldest entries evicted for new ones, else an error naming the folder), a folder that cannot be written."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +22,7 @@ from torchdata.nodes import IterableWrapper
 from conveyor import SourceError
 from conveyor.nodes.read_tar import ReadTar
 from conveyor.pack import pack
-from conveyor.storage import LocalCache
+from conveyor.storage import LocalCache, _cache
 from s3_server import moto_server, s3  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,23 +139,67 @@ def test_eviction_never_removes_an_entry_being_read(tmp_path) -> None:
     assert not os.path.exists(cache._path("read")) and cache.total() <= 1000
 
 
-def test_a_cache_folder_that_fills_up_reads_on_with_one_warning(s3, local_shards, tmp_path, monkeypatch,
-                                                                 caplog) -> None:
+def test_a_disk_smaller_than_the_limit_evicts_the_oldest_entries_to_keep_new_ones(s3, local_shards, tmp_path,
+                                                                                monkeypatch, caplog) -> None:
     urls = _shards(s3, local_shards)
     expected, node = _read(urls, tmp_path / "ok", 64 << 20)
     node.close()
+    cache, disk = tmp_path / "small", 3 << 20  # a disk of 3 MiB under a cache_size of 64 MiB
+    write = _cache._write_file
+
+    def small_disk(path: str, data: bytes) -> None:
+        if not os.path.basename(path).startswith(_cache._SIZE):
+            if sum(p.stat().st_size for p in _entries(cache)) + len(data) > disk:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        write(path, data)
+
+    monkeypatch.setattr(_cache, "_write_file", small_disk)
+    with caplog.at_level(logging.WARNING, logger="conveyor.storage"):
+        got, node = _read(urls, cache, 64 << 20)
+    node.close()
+    assert got == expected  # every block read, the cache going on within its disk
+    kept = sum(p.stat().st_size for p in _entries(cache))
+    assert 0 < kept <= disk and node.storage.cache.evicted > 0
+    warned = [r.getMessage() for r in caplog.records if "disk filled up" in r.getMessage()]
+    assert len(warned) == 1 and str(cache) in warned[0] and "67108864 bytes" in warned[0], warned
+    _, last = _read(urls[-1:], cache, 64 << 20)  # the newest blocks are the ones kept
+    assert last.stats()["cache_hits"] > 0
+    last.close()
+
+
+def test_a_full_disk_with_nothing_to_evict_is_an_error_naming_the_folder_and_the_bytes(s3, local_shards, tmp_path,
+                                                                                       monkeypatch) -> None:
+    urls = _shards(s3, local_shards)
 
     def full(path: str, data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("conveyor.storage._cache._write_file", full)
+    monkeypatch.setattr(_cache, "_write_file", full)
     cache = tmp_path / "full"
+    with pytest.raises(SourceError, match=rf"cache folder {re.escape(str(cache))}: the disk is full \(No space left "
+                                          rf"on device\): an entry of {BLOCK} bytes does not fit, \d+ bytes are free "
+                                          r"there and the cache holds 0 bytes \(of its limit 67108864\)"):
+        _read(urls, cache, 64 << 20)
+    assert not _entries(cache) and not [p for p in cache.iterdir() if p.name.startswith(".") and p.name != ".lock"]
+
+
+def test_a_cache_folder_that_cannot_be_written_reads_on_with_one_warning(s3, local_shards, tmp_path, monkeypatch,
+                                                                         caplog) -> None:
+    urls = _shards(s3, local_shards)
+    expected, node = _read(urls, tmp_path / "ok", 64 << 20)
+    node.close()
+
+    def read_only(path: str, data: bytes) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(_cache, "_write_file", read_only)
+    cache = tmp_path / "ro"
     with caplog.at_level(logging.WARNING, logger="conveyor.storage"):
         got, node = _read(urls, cache, 64 << 20)
     node.close()
     assert got == expected and not _entries(cache)
     warned = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
-    assert len(warned) == 1 and str(cache) in warned[0] and "the disk is full" in warned[0], warned
+    assert len(warned) == 1 and str(cache) in warned[0] and "Read-only" in warned[0], warned
 
 
 def test_a_cache_that_cannot_hold_one_block_is_an_error_naming_it(tmp_path) -> None:

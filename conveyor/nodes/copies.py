@@ -416,6 +416,7 @@ class WorkerCopies(BaseNode):
         if self.method == "ray" and self._workers:
             out["object_store_bytes"] = sum(a.bytes_received for a in self._workers)
             out["object_store_chunks"] = sum(a.chunks_received for a in self._workers)
+            out["shared_memory_bytes"] = sum(a.shared_bytes for a in self._workers)
             out["actor_restarts"] = sum(a.restarts for a in self._workers)
         return out
 

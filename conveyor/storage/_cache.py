@@ -17,9 +17,15 @@ Several processes (the ranks of a node, their worker copies) may share one folde
 * used entries get their modification time refreshed (``atime`` is often not kept: noatime,
   relatime mounts), and the oldest go first.
 
-A folder that cannot be made is a ``SourceError`` naming it; one that cannot be written any
-more (a full disk, a folder removed by a tmp cleaner, a read-only mount) is a warning, once,
-naming it, and the reads go on uncached: the cache only saves requests.
+A folder that cannot be made is a ``SourceError`` naming it. A disk that fills up before the
+cache reaches its bound (``ENOSPC``, ``EDQUOT``: the disk is smaller than ``cache_size``, or
+other files filled it) evicts this cache's least recently used entries until the new one
+fits, with one warning naming the folder: the cache goes on, bounded by its disk. When nothing
+of its own is left to evict (every entry being read, or the disk full of other files) it is a
+``SourceError`` naming the folder, the bytes that did not fit and the bytes free: a cache asked
+for and silently not kept would fetch every epoch again, unseen. A folder that cannot be
+written for another reason (removed by a tmp cleaner, a read-only mount: a warmed cache shared
+read-only) is a warning, once, naming it, and the reads go on uncached.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import hashlib
 import logging
 import os
 import threading
+from typing import Callable
 
 from conveyor.errors import SourceError
 
@@ -104,20 +111,52 @@ class LocalCache:
             return False
         path = self._path(key)
         tmp = os.path.join(self.dir, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
-        try:
-            _write_file(tmp, data)
-            os.replace(tmp, path)
-            self._account(len(data))
-        except OSError as exc:  # the data was read: serve it uncached
+        while True:
             try:
-                os.remove(tmp)
-            except OSError:  # never made, or the folder is gone
-                pass
-            full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-            self._warn_once("write", "cache folder %s cannot be written%s (%s); reading on without "
-                            "caching what it cannot keep", self.dir, full, exc.strerror or exc)
-            return False
-        return True
+                _write_file(tmp, data)
+                os.replace(tmp, path)
+                self._account(len(data))
+                return True
+            except OSError as exc:
+                try:
+                    os.remove(tmp)
+                except OSError:  # never made, or the folder is gone
+                    pass
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # the data was read: serve it uncached
+                    self._warn_once("write", "cache folder %s cannot be written (%s); reading on without "
+                                    "caching what it cannot keep", self.dir, exc.strerror or exc)
+                    return False
+                if not self._make_room(len(data)):
+                    raise SourceError(
+                        f"cache folder {self.dir}: the disk is full ({exc.strerror or exc}): an entry of "
+                        f"{len(data)} bytes does not fit, {self._free()} bytes are free there and the cache "
+                        f"holds {self.total()} bytes (of its limit {self.max_bytes}) that nothing can evict; "
+                        "free space on that disk, give a cache folder with room for cache_size, or leave "
+                        "cache out") from None
+                self._warn_once("full", "cache folder %s: the disk filled up before the cache reached its "
+                                "limit (%d bytes); its least recently used entries are evicted to keep new "
+                                "ones (it holds %d bytes now): give it a disk with room for cache_size, or "
+                                "lower it", self.dir, self.max_bytes, self.total())
+
+    def _free(self) -> int | str:
+        """Bytes free on the folder's disk (for this user), or '?' where it cannot be asked."""
+        try:
+            st = os.statvfs(self.dir)
+        except OSError:
+            return "?"
+        return st.f_bavail * st.f_frsize
+
+    def _make_room(self, nbytes: int) -> int:
+        """Evict least recently used entries nobody reads until ``nbytes`` are freed (a disk
+        that filled before the bound); the entries removed (0: nothing could be)."""
+        with open(os.path.join(self.dir, _LOCK), "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            before = self.evicted
+            entries = sorted(self._entries())
+            total = sum(size for _, size, _ in entries)
+            self._evict_entries(entries, total, lambda left: total - left >= nbytes)
+            self._write_size(sum(size for _, size, _ in self._entries()))
+            return self.evicted - before
 
     def _account(self, added: int) -> None:
         """Add ``added`` bytes to the folder's total; evict when it passes the bound."""
@@ -131,9 +170,22 @@ class LocalCache:
                 total = sum(size for _, size, _ in self._entries())
             if total > self.max_bytes:
                 total = self._evict()
-            tmp = f"{size_path}.{os.getpid()}.{threading.get_ident()}"
+            self._write_size(total)
+
+    def _write_size(self, total: int) -> None:
+        """Keep the folder's total in ``.size``; where that cannot be written (a full disk),
+        remove it: the next entry counts the folder again."""
+        size_path = os.path.join(self.dir, _SIZE)
+        tmp = f"{size_path}.{os.getpid()}.{threading.get_ident()}"
+        try:
             _write_file(tmp, str(total).encode())
             os.replace(tmp, size_path)
+        except OSError:
+            for name in (tmp, size_path):
+                try:
+                    os.remove(name)
+                except OSError:  # never made
+                    pass
 
     def _entries(self) -> list[tuple[float, int, str]]:
         out = []
@@ -151,8 +203,12 @@ class LocalCache:
         90 % of the bound (called under ``.lock``); the total left."""
         entries = sorted(self._entries())
         total = sum(size for _, size, _ in entries)
+        return self._evict_entries(entries, total, lambda left: left <= self.max_bytes * 0.9)
+
+    def _evict_entries(self, entries: list[tuple[float, int, str]], total: int, enough: Callable[[int], bool]) -> int:
+        """Remove ``entries`` (oldest first) that nobody reads until ``enough(total left)``."""
         for _, size, path in entries:
-            if total <= self.max_bytes * 0.9:
+            if enough(total):
                 break
             try:
                 f = open(path, "rb")

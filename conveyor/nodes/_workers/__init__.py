@@ -13,6 +13,8 @@ copies (``copies.py``):
     ``worker_pipe``       the pipe a worker process writes its chunks to
     ``chunk_packing``     a chunk pickled once, its tensors in one buffer or in shared memory
     ``shared_slots``      shared-memory slots a worker lends the main process, reused
+    ``ray_actors``        copies as Ray actors (``method: ray``): calls for credits, restarts
+    ``named_slots``       those slots as files, for an actor on the driver's node
 processes (both):
     ``child_processes``   the main process's view of its workers; ending them within a bound
     ``parent_watch``      a worker process ends with the process that started it

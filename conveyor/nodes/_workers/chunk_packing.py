@@ -27,6 +27,7 @@ import io
 import logging
 import math
 import pickle
+import warnings
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ _Tensor, _STRIDED = torch.Tensor, torch.strided
 
 class _Pickler(pickle.Pickler):
     share_min: float = float("inf")
+    torch_share = False  # whether a big tensor no slot takes goes torch's way (else by value)
 
     def __init__(self, file: io.BytesIO, tensors: list, lender: Lender | None = None):
         super().__init__(file, 5)  # positional: ForkingPickler passes only *args on
@@ -62,8 +64,11 @@ class _Pickler(pickle.Pickler):
         if obj.numel() * obj.element_size() >= self.share_min:
             lender = self.lender
             if lender is not None and id(obj) not in lender.mine:
-                return lender.lend(obj)  # a slot of shared memory; None: every slot is lent
-            return None  # torch's own reduction: moved to shared memory, its fd sent
+                pid = lender.lend(obj)  # a slot of shared memory; None: every slot is lent
+                if pid is not None or self.torch_share:
+                    return pid
+            elif self.torch_share:
+                return None  # torch's own reduction: moved to shared memory, its fd sent
         pid = self.seen.get(id(obj))
         if pid is None:
             pid = self.seen[id(obj)] = len(self.tensors)
@@ -93,6 +98,7 @@ def _sharing_pickler() -> type:
 
         class _Sharing(_Pickler, ForkingPickler):
             share_min = SHARE_MIN_BYTES
+            torch_share = True
 
         _SharingPickler = _Sharing
     return _SharingPickler
@@ -101,16 +107,25 @@ def _sharing_pickler() -> type:
 _SharingPickler: type | None = None
 
 
+class _LendingPickler(_Pickler):
+    """Big tensors into the lender's slots, by value when every slot is lent: for a process
+    that cannot hand torch's shared memory over (a Ray actor, ``named_slots``)."""
+    share_min = SHARE_MIN_BYTES
+
+
 def pack(items: Any, *, share: bool = False, lender: Lender | None = None) -> tuple[bytes, list, pickle.PickleBuffer]:
     """``items`` as (pickled structure, tensor metas, one buffer of the tensors' bytes).
 
     The buffer is a ``PickleBuffer``: pickled with protocol 5 and a ``buffer_callback`` it
     travels out of band (``worker_pipe`` writes it straight from memory), else in band. With
-    ``share`` and a ``lender``, big tensors are copied into the lender's slots (``shared_slots``).
+    ``share`` and a ``lender``, big tensors are copied into the lender's slots (``shared_slots``),
+    else moved to shared memory by torch; with a ``lender`` and no ``share``, into its slots, else
+    packed by value (``named_slots``: a Ray actor, which cannot pass torch's file descriptors).
     """
     tensors: list[torch.Tensor] = []
     buf = io.BytesIO()
-    (_sharing_pickler() if share else _Pickler)(buf, tensors, lender if share else None).dump(items)
+    pickler = _sharing_pickler() if share else _LendingPickler if lender is not None else _Pickler
+    pickler(buf, tensors, lender).dump(items)
     metas, raw = [], bytearray()
     for t in tensors:
         metas.append((t.dtype, tuple(t.shape), len(raw)))
@@ -157,6 +172,19 @@ def unpack(packed: tuple[bytes, list, Any], borrower: Borrower | None = None) ->
     structure, metas, raw = packed
     if isinstance(raw, pickle.PickleBuffer):  # not pickled on the way
         raw = raw.raw()
+    if metas and memoryview(raw).readonly:
+        # from Ray's object store: a read-only buffer over memory the store maps writable here,
+        # and the loader's alone (the object is never read again), so torch's warning that the
+        # tensors could write it says nothing (a filter set once would not outlive pytest's)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+            tensors = _views(raw, metas)
+    else:
+        tensors = _views(raw, metas)
+    return _Unpickler(io.BytesIO(structure), tensors, borrower).load()
+
+
+def _views(raw: Any, metas: list) -> list[torch.Tensor]:
     tensors = []
     for dtype, shape, offset in metas:
         count = math.prod(shape)
@@ -165,4 +193,4 @@ def unpack(packed: tuple[bytes, list, Any], borrower: Borrower | None = None) ->
             tensors.append(t if len(shape) == 1 else t.view(shape))
         else:
             tensors.append(torch.empty(shape, dtype=dtype))
-    return _Unpickler(io.BytesIO(structure), tensors, borrower).load()
+    return tensors

@@ -123,10 +123,15 @@ class Lender:
             budget = min(budget, shm)
         room = min(len(self.flags) - len(slots), budget)
         for _ in range(min(len(slots) or self.first, room)):
-            slots.append(torch.empty(nbytes, dtype=torch.uint8).share_memory_())
+            slots.append(self._new_slot(nbytes))
             self.sent.append(False)
             self.mine.add(id(slots[-1]))
         return room > 0
+
+    def _new_slot(self, nbytes: int) -> torch.Tensor:
+        """A slot of ``nbytes``: torch's shared memory, handed over by torch's reduction
+        (``named_slots`` makes them as files, for a process the main one did not fork)."""
+        return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
 
     def lend(self, t: torch.Tensor) -> tuple | None:
         nbytes = t.numel() * t.element_size()
