@@ -184,6 +184,31 @@ def test_resume_from_every_step_of_two_epochs(config):
     _check_resume(lengths[:80], kw)
 
 
+def _run_states(lengths: list[int], kw: dict[str, Any]) -> list[tuple[Any, dict, dict]]:
+    node, src = _make(lengths, **kw)
+    src.set_epoch(1)
+    node.set_epoch(1)
+    node.reset()
+    return [(_ids([batch]), node.state_dict(), node.stats()) for batch in node]
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs())
+def test_a_chunk_added_at_once_is_the_items_added_one_by_one(config):
+    """_fill adds a chunk's items in one loop over lengths found at C speed; every batch,
+    state and stat after each batch is what the item-by-item _add gives (empty and overflowing
+    items, forced flushes and budgets included)."""
+    lengths, kw = config
+    fast = _run_states(lengths, kw)
+    sized = BucketBatch._sized
+    BucketBatch._sized = lambda self, chunk: (None, None)  # type: ignore[method-assign]  # all by _add
+    try:
+        slow = _run_states(lengths, kw)
+    finally:
+        BucketBatch._sized = sized  # type: ignore[method-assign]
+    assert fast == slow
+
+
 def test_resume_with_forced_flushes_and_auto_boundaries():
     rng = random.Random(5)
     lengths = [int(rng.paretovariate(1.2) * 10) for _ in range(300)]

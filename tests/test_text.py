@@ -349,6 +349,66 @@ def test_read_jsonl_resumes_mid_file_by_byte_offset_at_every_step(tmp_path):
     assert [r["text"] for r in _drain(_reader(f"{tmp_path}/*.jsonl"), state)] == [r["text"] for r in full[3:]]
 
 
+def _mixed_lines(path: Path) -> Path:
+    """A file whose lines take every path of read_jsonl's parse: plain records, a byte order
+    mark, a blank line, bad JSON, a non-object, an empty field, a flat record whose text holds
+    many brackets, a nested record with many, and one nested too deep for the line path's
+    fast parse."""
+    lines = ['{"text": "a", "label": 3}', "   ", '{"text": "b"}', "{not json",
+             "[1, 2]", '{"text": ""}', json.dumps({"text": "[" * 300 + "{" * 300}),
+             json.dumps({"text": "n", "deep": [[[1]]] * 100}), '{"text": "d", "x": ' + "[" * 300 + "]" * 300 + "}"]
+    lines += [json.dumps({"text": f"r{i}", "k": i}) for i in range(40)]
+    lines = ['\ufeff{"text": "first"}'] + lines * 3
+    path.write_bytes("\n".join(lines).encode("utf-8"))  # the last line without its newline
+    return path
+
+
+def test_read_jsonl_many_at_once_gives_what_line_by_line_gives(tmp_path, monkeypatch):
+    """next_many parses a block's lines in one C-level loop where it can; the records, the
+    skips and the state after each list are those of as many next() calls."""
+    _mixed_lines(tmp_path / "m.jsonl")
+    fast = ReadJsonl._fast_chunk
+    parsed: list[int] = []
+
+    def counted(self, *args):
+        got = fast(self, *args)
+        parsed.append(len(got) if got is not None else 0)
+        return got
+
+    monkeypatch.setattr(ReadJsonl, "_fast_chunk", counted)
+    one = _reader(f"{tmp_path}/*.jsonl", on_error="skip")
+    one.reset()
+    by_one, states_one = [], []
+    for record in one:
+        by_one.append(record)
+        states_one.append(one.state_dict())
+    many = _reader(f"{tmp_path}/*.jsonl", on_error="skip")
+    many.reset()
+    got: list = []
+    for n in [10, 40, 7, 1, 3, 30, 2, 46, 256, 256]:
+        try:
+            part = many.next_many(n)
+        except StopIteration:
+            break
+        got += part
+        assert many.state_dict() == states_one[len(got) - 1]
+    assert got == by_one
+    assert len(by_one) == 1 + 3 * 45 and many.skipped == one.skipped == 3 * 3
+    assert [r["line"] for r in by_one[:4]] == [1, 2, 4, 8]
+    assert 40 in parsed and 30 in parsed  # the clean runs of lines went the one-loop way
+
+
+def test_read_jsonl_bad_line_in_a_list_is_named_by_its_line(tmp_path):
+    texts = [json.dumps({"text": f"t{i}"}) for i in range(30)]
+    texts[17] = '{"text": 5}'
+    (tmp_path / "b.jsonl").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    node = _reader(f"{tmp_path}/*.jsonl")
+    node.reset()
+    assert len(node.next_many(10)) == 10
+    with pytest.raises(SampleError, match=r"b\.jsonl:18: "):
+        node.next_many(256)
+
+
 # ----- tokenizers ---------------------------------------------------------------------------
 
 

@@ -136,6 +136,20 @@ def _lengths_mask(counts: list[int], longest: int, side: str) -> tuple[torch.Ten
     return torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64))
 
 
+_ARANGES: dict[int, np.ndarray] = {}
+
+
+def _positions(n: int) -> np.ndarray:
+    """``np.arange(n)``, kept per ``n`` (padded lengths repeat batch after batch)."""
+    got = _ARANGES.get(n)
+    if got is None:
+        if len(_ARANGES) > 4096:  # (any n: lengths rounded to no multiple can be many)
+            _ARANGES.clear()
+        got = _ARANGES[n] = np.arange(n)
+        got.flags.writeable = False
+    return got
+
+
 def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side: str,
                 multiple: int | None, dtype: torch.dtype | None,
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -149,7 +163,7 @@ def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side:
     if given.kind not in "biuf" or out_dtype is None:
         return None
     try:
-        counts = [v.shape[0] for v in values]
+        counts = list(map(len, values))  # (a 0-d array has no len: the tensor path refuses it)
         flat = np.concatenate(values)  # refuses other dims; casts mixed dtypes (checked below)
     except (ValueError, TypeError, IndexError, AttributeError, RuntimeError):
         return None
@@ -159,7 +173,7 @@ def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side:
     if multiple and longest % multiple:
         longest += multiple - longest % multiple
     sizes = np.array(counts, dtype=np.int64)
-    positions = np.arange(longest)
+    positions = _positions(longest)
     if side == "right":
         mask = positions < sizes[:, None]
     else:

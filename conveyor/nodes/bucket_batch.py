@@ -61,6 +61,8 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Callable, Sequence
 
 import torch
@@ -226,6 +228,8 @@ class BucketBatch(BaseNode[list]):
         self._pending: list = []  # a chunk read from the input, added from index _pi on
         self._pi = 0
         self._chunk_snap: _Snap | None = None  # the input's state where that chunk began
+        self._lens: list[int] | None = None  # the chunk's lengths and buckets (_sized)
+        self._bks: list[int] | None = None
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -369,10 +373,17 @@ class BucketBatch(BaseNode[list]):
             self._snaps.append(snap)
 
     def _fill(self) -> None:
-        """Read until a pool is cut (StopIteration at the end of the input)."""
+        """Read until a pool is cut (StopIteration at the end of the input).
+
+        Items are added a chunk (what ``take`` gave) at a time: the chunk's lengths and buckets
+        are found in two C-level passes (``_sized``), and the items added in a loop that keeps
+        its counters in locals; an item that is empty, overflows, or comes while a restore
+        replays takes ``_add``, item by item. The pools, counters and snapshots after each item
+        are exactly ``_add``'s (a chunk whose lengths cannot be taken that way goes by ``_add``)."""
         p = self._p
         source, add, weight, capacity = self.source, self._add, p.tokens, self._capacity
         max_pending, snap_every = self.max_pending, self._snap_every
+        pools, read, done, n_bounds, by_tokens = p.pools, p.read, p.done, self._n_bounds, self._by_tokens
         while True:
             pending, pi = self._pending, self._pi
             if pi >= len(pending):  # read the next chunk (nodes/capabilities.py)
@@ -380,20 +391,86 @@ class BucketBatch(BaseNode[list]):
                 if snap.pos - self._snaps[-1].pos >= snap_every:
                     self._snaps.append(snap)
                 self._pending, self._pi = pending, pi = take(source, _CHUNK), 0
-            item = pending[pi]
-            pending[pi] = None
-            self._pi = pi + 1
-            b = add(item)
-            if b >= 0 and weight[b] >= capacity[b]:
-                self._cut(b, p.cut_count)
-            elif self._pos - p.oldest > max_pending:
-                oldest = min((pool[0][1], i) for i, pool in enumerate(p.pools) if pool)[1]
-                self._stats["forced"] += 1
-                self._cut(oldest, p.cut_count)
-            else:
+                self._lens, self._bks = self._sized(pending)
+            lens, bks = self._lens, self._bks
+            if lens is None or self._replaying:  # item by item
+                item = pending[pi]
+                pending[pi] = None
+                self._pi = pi + 1
+                b = add(item)
+                if b >= 0 and weight[b] >= capacity[b]:
+                    self._cut(b, p.cut_count)
+                elif self._pos - p.oldest > max_pending:
+                    self._forced_cut()
+                else:
+                    continue
+                self._snapshot()
+                return
+            end, pos, cut = len(pending), self._pos, False
+            try:
+                while pi < end:
+                    n, b = lens[pi], bks[pi]
+                    if not n or b == n_bounds:  # empty or over the last boundary: _add's rules
+                        item = pending[pi]
+                        pending[pi] = None
+                        pi += 1
+                        self._pos, self._pi, pos = pos, pi, -1  # (-1: _add keeps self._pos)
+                        b = add(item)
+                        pos = self._pos
+                    else:
+                        item = pending[pi]
+                        pending[pi] = None
+                        pi += 1
+                        ordinal = read[b]
+                        read[b] = ordinal + 1
+                        if ordinal >= done[b]:
+                            pool = pools[b]
+                            if not pool and pos < p.oldest:
+                                p.oldest = pos
+                            pool.append((n, pos, item))
+                            weight[b] += n if by_tokens else 1
+                        pos += 1
+                    if b >= 0 and weight[b] >= capacity[b]:
+                        cut = True
+                        break
+                    if pos - p.oldest > max_pending:
+                        b, cut = -1, True
+                        break
+            finally:
+                if pos >= 0:
+                    self._pos, self._pi = pos, pi
+            if not cut:
                 continue
+            if b >= 0:
+                self._cut(b, p.cut_count)
+            else:
+                self._forced_cut()
             self._snapshot()
             return
+
+    def _forced_cut(self) -> None:
+        """Cut the oldest pool early: its first item is ``max_pending`` items back."""
+        p = self._p
+        oldest = min((pool[0][1], i) for i, pool in enumerate(p.pools) if pool)[1]
+        self._stats["forced"] += 1
+        self._cut(oldest, p.cut_count)
+
+    def _sized(self, chunk: list) -> tuple[list[int] | None, list[int] | None]:
+        """The lengths and buckets of a chunk's items, where the length is a field every item
+        has as a sequence with a ``len()`` (arrays, lists, 1-D tensors); (None, None) else,
+        for ``_add`` to take each length (and say what is wrong)."""
+        field = self._field
+        if field is None:
+            return None, None
+        try:
+            values = list(map(itemgetter(field), chunk))
+            if values and type(values[0]) is torch.Tensor:  # (Tensor.__len__ is slow)
+                lens = [v.shape[0] if type(v) is torch.Tensor else len(v) for v in values]
+            else:
+                lens = list(map(len, values))
+        except Exception:  # not a dict, no such field, a 0-d array: _add's item_length says why
+            return None, None
+        return lens, list(map(bisect_left, repeat(self.boundaries), lens))
 
     # ----- cutting and emitting -----------------------------------------------------------
     def _split(self, b: int, entries: list[tuple[int, int, Any]], final: bool) -> list[Batch]:

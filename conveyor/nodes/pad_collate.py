@@ -29,6 +29,7 @@ its state is its input's plus those counts.
 from __future__ import annotations
 
 import numbers
+from operator import itemgetter
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -101,8 +102,10 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
         raise ValueError("pad_collate got an empty batch")
     first = samples[0]
 
+    plain = type(pad_value) is int or type(pad_value) is float  # (isinstance of an ABC is slow)
+
     def value_for(name: Any) -> float:
-        if isinstance(pad_value, Mapping):
+        if not plain and isinstance(pad_value, Mapping):
             return pad_value.get(name, 0)
         return pad_value
 
@@ -114,7 +117,7 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
     if _is_seq(first) or (isinstance(first, torch.Tensor) and fields is None and first.dim() >= 1):
         p, lengths, mask = pad("sequence", list(samples))
         return (p, lengths, mask), sum(lengths.tolist()), int(mask.numel())
-    if isinstance(first, Mapping):
+    if type(first) is dict or isinstance(first, Mapping):
         names = list(fields) if fields is not None else [k for k, v in first.items() if _is_seq(v)]
         missing = [n for n in names if n not in first]
         if missing:
@@ -124,7 +127,7 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
         extra: dict[str, Any] = {}
         for key in first:
             try:
-                values = [s[key] for s in samples]
+                values = list(map(itemgetter(key), samples))
             except (KeyError, TypeError, IndexError):  # a sample without it, or not a dict
                 same_fields(samples)
                 raise
