@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import gzip
 import os
 import sys
 import threading
@@ -89,3 +91,17 @@ def pytest_collection_modifyitems(config, items) -> None:
         scopes = {d.scope for fixturedefs in defs.name2fixturedefs.values() for d in fixturedefs}
         if scopes & {"module", "class", "package"}:
             item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).stem))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Every xdist worker must collect the same test ids, and gzip stamps the current second into
+    its header: a parameter made with ``gzip.compress`` at collection (test_text_batches.py) made
+    ids that differed between workers ("Different tests were collected"). During collection its
+    default mtime is 0; a caller that passes one keeps it."""
+    real = gzip.compress
+    gzip.compress = functools.partial(real, mtime=0)
+    try:
+        return (yield)
+    finally:
+        gzip.compress = real
