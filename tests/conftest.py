@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import gzip
+import os
 import sys
 import threading
 import time
@@ -55,3 +58,50 @@ def forker():
     f = Forker()
     yield f
     f.close()
+
+
+# ----- parallel runs (pytest-xdist; pyproject's addopts say `-n auto --dist loadgroup`) --------
+
+_MOST_WORKERS = 4  # each torchrun test starts 2-4 ranks of its own: more workers only crowd them
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """How many workers `-n auto` starts: one a core up to four, or PYTEST_XDIST_AUTO_NUM_WORKERS;
+    0 (the tests run in this process, as without xdist) when the command names one test file,
+    so `python -m pytest tests/test_x.py` starts no workers."""
+    env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if env:
+        return int(env)
+    files = {arg.split("::", 1)[0] for arg in config.args}
+    if len(files) == 1 and Path(next(iter(files))).is_file():
+        return 0
+    return max(1, min(_MOST_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
+def pytest_collection_modifyitems(config, items) -> None:
+    """Keeps the tests that share a module-scoped fixture (a moto server, the Ray cluster, one
+    torchrun job or CLI run whose output several tests read) in one xdist worker, so each such
+    fixture is set up once, not once a worker: they get the group of their file. The others
+    go to whichever worker is free."""
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        if defs is None:
+            continue
+        scopes = {d.scope for fixturedefs in defs.name2fixturedefs.values() for d in fixturedefs}
+        if scopes & {"module", "class", "package"}:
+            item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).stem))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Every xdist worker must collect the same test ids, and gzip stamps the current second into
+    its header: a parameter made with ``gzip.compress`` at collection (test_text_batches.py) made
+    ids that differed between workers ("Different tests were collected"). During collection its
+    default mtime is 0; a caller that passes one keeps it."""
+    real = gzip.compress
+    gzip.compress = functools.partial(real, mtime=0)
+    try:
+        return (yield)
+    finally:
+        gzip.compress = real

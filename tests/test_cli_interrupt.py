@@ -62,13 +62,16 @@ output: batch
 
 def test_ctrl_c_before_the_worker_copies_report_prints_the_summary(write_spec, tmp_path):
     # issue 32, item 5: interrupted before any copy had reported its counts, the summary
-    # failed on a node with no count yet (KeyError: 'items') and the run exited 1
+    # failed on a node with no count yet (KeyError: 'items') and the run exited 1. A copy reports
+    # with its first batch, 2 x 2 s after the flag; the SIGINT comes 0.5 s after it (with 50 ms
+    # items every copy had reported, and "done: 0 batches" fails). Each copy ends the item it is
+    # in before it stops, so a longer item only makes the run slower (5 s items: 14 s)
     flag = tmp_path / "flowing"
     spec = write_spec(f"""workers: {{copies: 2, method: process, until: batch}}
 nodes:
   files: {{op: list_files, url: "{REPO}/examples/data/numbers/*/*.txt"}}
   shard: {{op: shard, by: [rank, worker]}}
-  slow: {{op: map, fn: "helpers_fns:announce_then_sleep", args: {{path: "{flag}", ms: 5000}}}}
+  slow: {{op: map, fn: "helpers_fns:announce_then_sleep", args: {{path: "{flag}", ms: 2000}}}}
   batch: {{op: batch, size: 2}}
 output: batch
 """)

@@ -286,7 +286,7 @@ def test_utf16_text_is_named_not_read_as_a_screen_of_bad_lines(tmp_path):
                 _drain(_reader(str(tmp_path / name), format=fmt, on_error=on_error))
 
 
-def test_a_compression_the_name_hides_or_that_needs_a_package_is_named(tmp_path):
+def test_a_compression_the_name_hides_or_that_needs_a_package_is_named(tmp_path, monkeypatch):
     from fsspec.utils import infer_compression
 
     data = _prose_jsonl(1000)
@@ -300,12 +300,24 @@ def test_a_compression_the_name_hides_or_that_needs_a_package_is_named(tmp_path)
     assert len(_drain(_reader(str(tmp_path / "plain.jsonl")))) == data.count(b"\n") + 1
     (tmp_path / "bzh.txt").write_bytes(b"BZh9 is a line of text\n")
     assert _drain(_reader(str(tmp_path / "bzh.txt"), format="lines"))[0]["text"] == "BZh9 is a line of text"
-    if infer_compression("a.jsonl.zst") is not None:
-        pytest.skip("zstandard is installed here: fsspec reads .zst")
-    (tmp_path / "a.jsonl.zst").write_bytes(b"\x28\xb5\x2f\xfd" + bytes(range(64)))
-    with pytest.raises(SampleError, match=r"a\.jsonl\.zst: zstd-compressed files need the zstandard "
-                                          r"package: pip install zstandard"):
-        _drain(_reader(str(tmp_path / "a.jsonl.zst"), on_error="skip"))  # was every line skipped as not utf-8
+    # .zst with zstandard installed (the [test] extra has it): fsspec reads it, and so does read_jsonl
+    import fsspec.compression
+    import fsspec.utils
+    import zstandard
+
+    (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    assert infer_compression("a.jsonl.zst") == "zstd"
+    texts = [r["text"] for r in _drain(_reader(str(tmp_path / "a.jsonl.zst"), on_error="skip"))]
+    assert texts == [r["text"] for r in _drain(_reader(str(tmp_path / "plain.jsonl")))][1:]
+    # and where it is missing, fsspec registers no zstd codec (it registers one at import only if
+    # the package imports): the same file is named, not read as a screen of not-utf-8 lines
+    with monkeypatch.context() as m:
+        m.delitem(fsspec.utils.compressions, "zst")
+        m.delitem(fsspec.compression.compr, "zstd")
+        assert infer_compression("a.jsonl.zst") is None
+        with pytest.raises(SampleError, match=r"a\.jsonl\.zst: zstd-compressed files need the zstandard "
+                                              r"package: pip install zstandard"):
+            _drain(_reader(str(tmp_path / "a.jsonl.zst"), on_error="skip"))  # was every line skipped as not utf-8
 
 
 @pytest.mark.timeout(30)
