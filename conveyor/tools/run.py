@@ -146,7 +146,7 @@ class NodeTotals:
 
     def items(self) -> dict[str, int]:
         """Items out of each node, over the run."""
-        return {name: total.get("items", 0) for name, total in self.nodes.items()}
+        return {name: total["items"] for name, total in self.nodes.items()}
 
     def fill(self, rows: dict[str, dict[str, Any]]) -> None:
         """Give every row its count over the run (also the nodes counted in worker copies) and
