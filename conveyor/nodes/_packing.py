@@ -80,16 +80,6 @@ def _new(field: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.empty(shape, dtype)
 
 
-_RAMP = np.arange(0, dtype=ROW_INT)  # 0, 1, 2, ...: grown as needed, only read
-
-
-def _ramp(n: int) -> np.ndarray:
-    global _RAMP
-    if len(_RAMP) < n:
-        _RAMP = np.arange(max(n, 2 * len(_RAMP)), dtype=ROW_INT)
-    return _RAMP[:n]
-
-
 def lay_out(rows: list[list[int]], starts: np.ndarray, lengths: np.ndarray, flat: np.ndarray, *, seq_len: int,
             width: int, pad_id: int, ignore_index: int, mask_first: bool, dtype: np.dtype,
             get: Callable[[str, tuple[int, ...], Any], np.ndarray] = _new) -> dict[str, np.ndarray]:
