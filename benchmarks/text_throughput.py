@@ -11,7 +11,13 @@ below it, the size of a mid-epoch state and the time to take one.
   (issue 18's reference loop);
 * ``bare orjson + bytes``: the same with ``orjson.loads`` (what the graph parses with);
 * ``graph: specs/text.yaml``: a fresh ``load_graph`` each round, iterated to the end of each
-  epoch (files, shard, read, shuffle, tokenize, bucket_batch, pad_collate, prefetch);
+  epoch (files, shard, read, shuffle, tokenize, bucket_batch, pad_collate, prefetch). This
+  consumer takes each batch and comes straight back, so prefetch's ``adapt`` parks its thread
+  after the first window of batches and makes them in the caller's thread (nodes/prefetch.py);
+  ``graph: text.yaml, prefetch adapt: false`` keeps the thread (what it cost before);
+* with ``--step MS``: text.yaml with and without its prefetch node, under a consumer that
+  sleeps MS ms a batch (a training step that leaves the GIL free): the thread must still
+  make the next batch during the step (adapt keeps it for such a consumer);
 * ``bare json + bytes + greedy pack`` against ``graph: pretrain.yaml`` (skipped with
   ``--no-pack``; issue 30): the bare loop reads the same lines, takes each text's UTF-8
   bytes plus the end-of-text id (the tokenizer pretrain.yaml names: ``byte_tokenize`` with
@@ -136,12 +142,14 @@ def bare_hf(paths: list[str], epochs: int, tok: Any, batch: int | None) -> int:
 
 # ----- the graph -------------------------------------------------------------------------------
 
-def graph(spec: Path, epochs: int, root: str, count: Callable[[Any], int] | None = None) -> dict[str, Any]:
+def graph(spec: Path, epochs: int, root: str, count: Callable[[Any], int] | None = None,
+          step: float = 0.0) -> dict[str, Any]:
     """A fresh loader, ``epochs`` whole epochs from the first ``next``; ``count(batch)`` gives
-    what a batch counts (default: its rows of input_ids). Apart: the build, the first batch,
-    and for each epoch after the first its restart: ``iter()`` (every node reset, the
-    prefetch thread started) and the wait for its first batch (the shuffle window and the
-    first bucket pool or pack pool filled)."""
+    what a batch counts (default: its rows of input_ids); ``step``: seconds the consumer
+    sleeps after each batch (a training step that leaves the GIL free, as CUDA waits do).
+    Apart: the build, the first batch, and for each epoch after the first its restart:
+    ``iter()`` (every node reset, the prefetch thread started) and the wait for its first
+    batch (the shuffle window and the first bucket pool or pack pool filled)."""
     count = count or (lambda batch: batch["input_ids"].shape[0])
     t0 = time.perf_counter()
     loader = load_graph(spec, root=root)
@@ -156,6 +164,8 @@ def graph(spec: Path, epochs: int, root: str, count: Callable[[Any], int] | None
             e1 = time.perf_counter()
             for i, batch in enumerate(it):
                 n += count(batch)
+                if step:
+                    time.sleep(step)
                 if i == 0:
                     e2 = time.perf_counter()
                     if first is None:
@@ -163,11 +173,35 @@ def graph(spec: Path, epochs: int, root: str, count: Callable[[Any], int] | None
                     if epoch:
                         restarts.append((e1 - e0, e2 - e1))
         t2 = time.perf_counter()
-        collate = loader.stats()["nodes"].get("collate", {})
+        nodes = loader.stats()["nodes"]
+        padder = nodes.get("collate") or nodes.get("pack") or {}  # pad_collate's or pack_tokens's figures
+        out = loader.nodes.get("out")
+        inline = getattr(out, "inline", None)  # prefetch's mode at the end (adapt)
     finally:
         loader.close()
     return {"records": n, "build_s": t1 - t0, "first_s": (first or t2) - t1, "seconds": t2 - t1,
-            "padding": collate.get("padding_efficiency"), "restarts": restarts}
+            "padding": padder.get("padding_efficiency"), "restarts": restarts, "inline": inline}
+
+
+def variant(spec: Path, out: Path, change: Callable[[dict], None]) -> Path:
+    """``spec`` with ``change`` applied to its parsed YAML, written to ``out`` (the loaders are
+    given ``root``, so ``${spec_dir}`` does not matter)."""
+    doc = yaml.safe_load(spec.read_text(encoding="utf-8"))
+    change(doc)
+    out.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return out
+
+
+def no_prefetch(doc: dict) -> None:
+    """The spec without its output prefetch node: the node below it is the output."""
+    out = doc["output"]
+    node = doc["nodes"].pop(out)
+    assert node["op"] == "prefetch", node
+    doc["output"] = node.get("input") or list(doc["nodes"])[-1]
+
+
+def prefetch_always_threaded(doc: dict) -> None:
+    doc["nodes"][doc["output"]]["adapt"] = False
 
 
 def state_figures(spec: Path, root: str, steps: int = 20, takes: int = 500) -> tuple[int, float]:
@@ -244,6 +278,12 @@ def table(results: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> str:
             ratios = [x["rate"] / y["rate"] for x, y in zip(results[a], results[b])]
             ratio_rows.append([f"{a} / {b}", f"{statistics.median(ratios):.2f}",
                                f"{min(ratios):.2f}-{max(ratios):.2f}"])
+    mode_lines = []
+    for name, runs in results.items():
+        modes = [r["inline"] for r in runs if r.get("inline") is not None]
+        if modes:
+            mode_lines.append(f"{name}: prefetch made the batches inline at the end of {sum(modes)} of "
+                              f"{len(modes)} runs (adapt), in its thread at the end of the rest")
     restart_lines = []
     for name, runs in results.items():
         got = [r for run in runs for r in run.get("restarts", [])]
@@ -255,7 +295,8 @@ def table(results: dict[str, list[dict]], pairs: list[tuple[str, str]]) -> str:
                 f"start) {statistics.median(it_ms):.2f} ms ({min(it_ms):.2f}-{max(it_ms):.2f}), then the first "
                 f"batch {statistics.median(wait_ms):.2f} ms ({min(wait_ms):.2f}-{max(wait_ms):.2f})")
     return (out + "\n\n" + md_table(["ratio (per round)", "median", "range"], ratio_rows, [False, True, True])
-            + ("\n\n" + "\n".join(restart_lines) if restart_lines else ""))
+            + ("\n\n" + "\n".join(restart_lines) if restart_lines else "")
+            + ("\n\n" + "\n".join(mode_lines) if mode_lines else ""))
 
 
 # ----- breakdown -------------------------------------------------------------------------------
@@ -405,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-hf", action="store_true", help="skip the tokenizers contenders")
     ap.add_argument("--no-pack", action="store_true", help="skip the packing contenders (specs/pretrain.yaml)")
+    ap.add_argument("--step", type=float, default=0.0, metavar="MS",
+                    help="also time text.yaml with and without its prefetch node under a consumer that "
+                         "sleeps MS milliseconds a batch (a GIL-free training step)")
     ap.add_argument("--breakdown", action="store_true", help="per-node costs instead of the table")
     ap.add_argument("--profile", action="store_true", help="cProfile self time by node instead of the table")
     args = ap.parse_args(argv)
@@ -419,12 +463,24 @@ def main(argv: list[str] | None = None) -> int:
 
     paths = sorted(glob.glob(os.path.join(args.root, "*.jsonl")))
     e = args.epochs
+    tmp_dir = tempfile.TemporaryDirectory()
+    tmp = Path(tmp_dir.name)
+    threaded = variant(Path(args.spec), tmp / "text-threaded.yaml", prefetch_always_threaded)
+    unfetched = variant(Path(args.spec), tmp / "text-no-prefetch.yaml", no_prefetch)
     contenders: dict[str, Callable[[], dict[str, float]]] = {
         "bare json + bytes": timed(lambda: bare_bytes(paths, e, json.loads)),
         "bare orjson + bytes": timed(lambda: bare_bytes(paths, e, orjson.loads)),
         "graph: text.yaml": lambda: graph(Path(args.spec), e, args.root),
+        "graph: text.yaml, prefetch adapt: false": lambda: graph(threaded, e, args.root),
     }
-    pairs = [("graph: text.yaml", "bare json + bytes"), ("graph: text.yaml", "bare orjson + bytes")]
+    pairs = [("graph: text.yaml", "bare json + bytes"), ("graph: text.yaml", "bare orjson + bytes"),
+             ("graph: text.yaml, prefetch adapt: false", "bare json + bytes")]
+    if args.step:  # a consumer with a GIL-free step: prefetch's thread must still overlap with it
+        step = args.step / 1e3
+        with_step, without = f"graph: text.yaml + {args.step:g} ms step", f"graph: text.yaml without prefetch + {args.step:g} ms step"
+        contenders.update({with_step: lambda: graph(Path(args.spec), e, args.root, step=step),
+                           without: lambda: graph(unfetched, e, args.root, step=step)})
+        pairs.append((with_step, without))
     if not args.no_pack:  # counted in real tokens (a packed batch's num_tokens), not records
         contenders.update({
             "bare json + bytes + greedy pack (tokens)": timed(lambda: bare_pack(paths, e, SEQ_LEN, PACK_BATCH)),
@@ -432,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           lambda batch: int(batch["num_tokens"].sum())),
         })
         pairs.append(("graph: pretrain.yaml (tokens)", "bare json + bytes + greedy pack (tokens)"))
-    with tempfile.TemporaryDirectory() as tmp:
+    with tmp_dir:
         if not args.no_hf:
             from tokenizers import Tokenizer
 

@@ -20,7 +20,8 @@ GRAPHS = ROOT / "conveyor" / "graphs"
 SAFE_BEFORE = frozenset({"workers", "method", "mp_context", "depth", "snapshot_every", "enabled",
                          "concurrency", "attempts", "timeout", "backoff", "backoff_max", "cache",
                          "cache_size", "block_size", "read_ahead", "device", "non_blocking",
-                         "share", "share_timeout"})  # list_files's: who lists, not what (issue 31.4)
+                         "share", "share_timeout",  # list_files's: who lists, not what (issue 31.4)
+                         "adapt"})  # prefetch's: which thread makes the items, not which items
 
 
 def op_name_literals(source: str, names: set[str], *, table: str | None = None) -> list[tuple[int, str]]:

@@ -304,10 +304,12 @@ def _build_pin(p: PinMemoryParams, inputs: list[BaseNode], ctx: BuildContext) ->
 class PrefetchParams:
     depth: int = param(2, min=1, max=100_000, doc="items made ahead")
     snapshot_every: int = param(1, min=1, doc="input state taken every N items (restore re-reads <= N)")
+    adapt: bool = param(True, doc="make items in the caller's thread while it comes straight back for each "
+                                  "(no time to overlap); false: the thread always")
 
 
 def _build_prefetch(p: PrefetchParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseNode:
-    return Prefetch(inputs[0], depth=p.depth, snapshot_every=p.snapshot_every)
+    return Prefetch(inputs[0], depth=p.depth, snapshot_every=p.snapshot_every, adapt=p.adapt)
 
 
 @dataclass(frozen=True)
@@ -420,8 +422,8 @@ PIN_MEMORY = OpSpec("pin_memory", PinMemoryParams, _build_pin, "one", "page-lock
                     example='pin: {op: pin_memory}')
 PREFETCH = OpSpec("prefetch", PrefetchParams, _build_prefetch, "one", "background thread, bounded queue; elastic",
                   elastic=_elastic_prefetch, length=same_count, keeps_count="always", per_record=True,
-                  pass_through=True, safe_params=frozenset({"depth", "snapshot_every"}),
-                  items_in='any items', items_out='the same items, made ahead in a background thread',
+                  pass_through=True, safe_params=frozenset({"depth", "snapshot_every", "adapt"}),
+                  items_in='any items', items_out='the same items, made ahead in a background thread (inline for a consumer that never waits elsewhere)',
                   example='out: {op: prefetch, depth: 4}')
 TO_DEVICE = OpSpec("to_device", ToDeviceParams, _build_to_device, "one",
                    "copy batches to a GPU on a side stream, one ahead; elastic",

@@ -21,12 +21,26 @@ join). The state is the input's state at the last snapshot before the last emitt
 how many items were emitted after it (torchdata's layout), so nothing made is lost or
 repeated on resume. An exception in the input reaches the consumer as itself, after the
 items before it.
+
+A thread only pays where the consumer spends time away between items (a training step: CUDA
+launches and waits release the GIL, and the thread makes the next batch meanwhile). A consumer
+that comes straight back for the next item (a loop that counts, a cache fill, a pass that
+only reads) waits on the thread every time, and each wait is two thread switches and two
+GIL passes: on this project's 2-core VM a text graph ran at ~0.75 of its speed without the
+node (benchmarks/text_throughput.py). So with ``adapt`` (the default) the node watches,
+over each ``WINDOW`` items, the consumer's time away (the median) against the time an item
+takes to make (the mean: a packer makes a pool's rows at once): away under ``TO_INLINE`` of it, the thread is parked after its current item (what it made is
+handed out first) and the items are made in the caller's thread, with nothing ahead; away
+over ``TO_THREAD`` of it, a thread is started again. The mode holds across epochs. Made
+inline, the state is the input's state taken when asked (nothing is ahead of the consumer),
+so a restore re-reads nothing. ``adapt: false`` keeps the thread always.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from time import perf_counter
 from typing import Any
 
 from torchdata.nodes import BaseNode
@@ -36,9 +50,13 @@ from conveyor.nodes.state_shape import Child, Fields, Int
 
 _END = object()     # the input ended
 _STOP = object()    # a credit that tells the thread to stop
+_PARKED = object()  # the thread stopped, asked to (adapt): what follows is made inline
 _LOOK = 0.02        # seconds a waiting consumer sleeps before it takes what the thread holds
 _POLL = 0.5         # seconds between checks that the thread is still alive
 STOP_WAIT = 0.5     # seconds close() waits for a thread busy in its input before leaving it lingering
+WINDOW = 32         # items between two looks at which mode pays (adapt)
+TO_INLINE = 0.1     # the consumer's time away per item, as a share of an item's make time, under
+TO_THREAD = 0.25    # which items are made inline, and over which a thread is started again
 
 
 def _group(depth: int) -> int:
@@ -57,11 +75,14 @@ class _Held:
     """Items the thread made and has not handed over yet, and the lock under which the thread
     hands a list over and the consumer takes one (so lists keep their order)."""
 
-    __slots__ = ("items", "lock")
+    __slots__ = ("items", "lock", "park", "made", "make_s")
 
     def __init__(self) -> None:
         self.items: list = []
         self.lock = threading.Lock()
+        self.park = False    # set by the consumer: stop after the current item (adapt)
+        self.made = 0        # items made and seconds spent making them since the consumer
+        self.make_s = 0.0    # last zeroed them (a heuristic's figures: a lost update is harmless)
 
     def hand_over(self, put: Any) -> None:
         with self.lock:
@@ -86,6 +107,12 @@ def _run(source: BaseNode, lists: queue.SimpleQueue, credits: queue.SimpleQueue,
                 credit = get()
             if credit is _STOP:
                 return
+            if held.park:
+                with lock:
+                    held.items.append((_PARKED, None))
+                held.hand_over(put)
+                return
+            t0 = perf_counter()
             try:
                 item = next(source)
             except StopIteration:
@@ -93,6 +120,8 @@ def _run(source: BaseNode, lists: queue.SimpleQueue, credits: queue.SimpleQueue,
                     held.items.append((_END, None))
                 held.hand_over(put)
                 return
+            held.make_s += perf_counter() - t0
+            held.made += 1
             n += 1
             entry = (item, source.state_dict() if n % every == 0 else None)
             with lock:
@@ -114,6 +143,8 @@ class Prefetch(BaseNode):
         depth: items kept ready, > 0.
         snapshot_every: take the input's state every N items (1: every item; a larger N
             trades a longer replay on restore for less work per item).
+        adapt: make items in the caller's thread while the consumer comes straight back for
+            each one (the module's docstring says when); False keeps the thread always.
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -125,15 +156,18 @@ class Prefetch(BaseNode):
     IT_KEY = "it"
     STATE_SHAPE = Fields({IT_KEY: Fields({"snapshot": Child(), "steps_since_snapshot": Int()})})
 
-    def __init__(self, source: BaseNode, *, depth: int = 2, snapshot_every: int = 1):
+    def __init__(self, source: BaseNode, *, depth: int = 2, snapshot_every: int = 1, adapt: bool = True):
         super().__init__()
         if not isinstance(depth, int) or depth <= 0:
             raise ValueError(f"{depth=} must be a positive int")
         if not isinstance(snapshot_every, int) or snapshot_every <= 0:
             raise ValueError(f"{snapshot_every=} must be a positive int")
+        if not isinstance(adapt, bool):
+            raise ValueError(f"{adapt=} must be true or false")
         self.source = source
         self.depth = depth
         self.snapshot_every = snapshot_every
+        self.adapt = adapt
         self._thread: threading.Thread | None = None
         self._lingering: list[threading.Thread] = []
         self._items: queue.SimpleQueue = queue.SimpleQueue()
@@ -141,11 +175,22 @@ class Prefetch(BaseNode):
         self._snapshot: Any = None
         self._steps = 0
         self._done = False
+        self._closed = False
         self._got: list = []  # the list of (item, state) being handed out, from index _at
         self._at = 0
         self._held = _Held()
+        # adapt: the mode, the mode the next reset starts in, and this window's figures
+        self.inline = False
+        self._prefer_inline = False
+        self.switches = 0
+        self._back: float | None = None  # when the consumer last got an item
+        self._aways: list[float] = []    # its time away before each item of this window
+        self._taken = 0
+        self._made = 0
+        self._make_s = 0.0
 
     def close(self) -> None:
+        self._closed = True
         thread = self._thread
         if thread is not None:
             self._thread = None
@@ -164,7 +209,9 @@ class Prefetch(BaseNode):
     def ready(self) -> int:
         """Items made and not yet taken (the stats' queue samples): those of the lists in the
         queue (counted as a list's length each), those the thread holds, and those left of the list
-        being handed out."""
+        being handed out; none while items are made inline."""
+        if self.inline:
+            return 0
         group = _group(self.depth)
         return (min(self.depth, self._items.qsize() * group) + len(self._held.items)
                 + len(self._got) - self._at)
@@ -182,9 +229,10 @@ class Prefetch(BaseNode):
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
         self._left_input()
+        self.inline = self._prefer_inline
         if initial_state is None:
             self.source.reset()
-            self._snapshot, self._steps = self.source.state_dict(), 0
+            self._snapshot, self._steps = None, 0
         else:
             it = initial_state[self.IT_KEY]
             self._snapshot, self._steps = it["snapshot"], it["steps_since_snapshot"]
@@ -196,7 +244,18 @@ class Prefetch(BaseNode):
                     raise ValueError(f"prefetch: the state says {self._steps} items were emitted after its "
                                      f"snapshot, but the input ended after {i}: not the input the state "
                                      "was taken from") from None
-        self._done = False
+        self._done = self._closed = False
+        self._got, self._at = [], 0
+        self._back = None
+        self._aways, self._taken, self._made, self._make_s = [], 0, 0, 0.0
+        if not self.inline:
+            self._start()
+
+    def _start(self) -> None:
+        """A thread that makes items from the input's position now."""
+        if self._snapshot is None or self.inline:  # (inline, the state was the input's own)
+            self._snapshot, self._steps = self.source.state_dict(), 0
+        self.inline = False
         self._got, self._at = [], 0
         self._items, self._credits, self._held = queue.SimpleQueue(), queue.SimpleQueue(), _Held()
         for _ in range(self.depth):
@@ -208,12 +267,44 @@ class Prefetch(BaseNode):
         self._thread.start()
 
     def next(self):
-        if self._done or self._thread is None:  # ended, or closed (what the thread made is dropped)
+        if self._done or self._closed:  # ended, or closed (what the thread made is dropped)
+            raise StopIteration
+        back = self._back
+        if back is not None:
+            self._aways.append(perf_counter() - back)
+        item = self._next_inline() if self.inline else self._next_threaded()
+        self._taken += 1
+        if self._taken >= WINDOW and self.adapt:
+            self._look()
+        self._back = perf_counter()
+        return item
+
+    def _next_inline(self) -> Any:
+        t0 = perf_counter()
+        try:
+            item = next(self.source)
+        except BaseException:  # the end, or the input's error as itself: this epoch is over
+            self._done = True
+            raise
+        self._make_s += perf_counter() - t0
+        self._made += 1
+        return item
+
+    def _next_threaded(self) -> Any:
+        if self._thread is None:  # closed meanwhile
             raise StopIteration
         if self._at >= len(self._got):
             self._got, self._at = self._wait(), 0
         item, state = self._got[self._at]
         self._at += 1
+        if item is _PARKED:  # everything the thread made has been handed out: go on inline
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                thread.join()
+            self.inline = True
+            self.switches += 1
+            self._snapshot, self._steps = None, 0
+            return self._next_inline()
         if item is _END:
             self._done = True
             raise StopIteration
@@ -228,6 +319,28 @@ class Prefetch(BaseNode):
         else:
             self._snapshot, self._steps = state, 0
         return item
+
+    def _look(self) -> None:
+        """End of a window: park the thread, or start one, where the figures say so."""
+        held = self._held
+        if self.inline:
+            made, make_s = self._made, self._make_s
+        else:
+            made, make_s = held.made, held.make_s
+            held.made, held.make_s = 0, 0.0
+        aways = sorted(self._aways)
+        away = aways[len(aways) // 2] if aways else 0.0  # the median: a consumer preempted now and
+        make = make_s / made if made else 0.0             # then on a busy host still comes straight back
+        self._aways, self._taken, self._made, self._make_s = [], 0, 0, 0.0
+        if not make:
+            return
+        if not self.inline and not held.park and away < TO_INLINE * make:
+            held.park = True  # the thread stops after its current item; its items come first
+            self._prefer_inline = True
+        elif self.inline and away > TO_THREAD * make:
+            self._prefer_inline = False
+            self.switches += 1
+            self._start()
 
     def _wait(self) -> list:
         """The next list of items: the thread's next one, or, after ``_LOOK`` seconds of
@@ -254,6 +367,8 @@ class Prefetch(BaseNode):
                     raise RuntimeError("prefetch: its thread ended without a word") from None
 
     def get_state(self) -> dict:
+        if self.inline:  # nothing made ahead: the input's state now is the state after the last item
+            return {self.IT_KEY: {"snapshot": self.source.state_dict(), "steps_since_snapshot": 0}}
         return {self.IT_KEY: {"snapshot": self._snapshot, "steps_since_snapshot": self._steps}}
 
     @staticmethod
