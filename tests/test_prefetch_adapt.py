@@ -47,6 +47,7 @@ def test_a_consumer_that_comes_straight_back_gets_its_items_made_inline(no_new_t
     got = list(node)
     assert got == list(range(n))
     assert node.inline and node.switches == 1
+    assert node.stats() == {"made_in": "caller", "mode_switches": 1}
     assert not _threads()  # parked: the thread ended after handing out what it had made
     node.reset()  # the mode holds across epochs: no thread is started
     assert node.inline and not _threads()
@@ -74,6 +75,7 @@ def test_adapt_false_keeps_the_thread() -> None:
     node.reset()
     assert list(node) == list(range(3 * WINDOW))
     assert not node.inline and node.switches == 0
+    assert node.stats() == {"made_in": "thread", "mode_switches": 0}
     node.close()
     with pytest.raises(ValueError, match="adapt"):
         Prefetch(_Slow(1, 0), adapt="yes")  # type: ignore[arg-type]

@@ -366,6 +366,11 @@ class Prefetch(BaseNode):
                     self._done = True
                     raise RuntimeError("prefetch: its thread ended without a word") from None
 
+    def stats(self) -> dict[str, Any]:
+        """Where the items are made now (``made_in``: ``thread`` or ``caller``, see ``adapt``) and
+        the switches between the two so far."""
+        return {"made_in": "caller" if self.inline else "thread", "mode_switches": self.switches}
+
     def get_state(self) -> dict:
         if self.inline:  # nothing made ahead: the input's state now is the state after the last item
             return {self.IT_KEY: {"snapshot": self.source.state_dict(), "steps_since_snapshot": 0}}

@@ -120,7 +120,8 @@ class NodeTotals:
     settings (a copy count) are shown as they are, and other figures (ratios, lists) only for a
     run of one epoch."""
 
-    SETTINGS = frozenset({"copies", "method", "boundaries", "epochs_run_ahead"})  # not per-epoch counts
+    SETTINGS = frozenset({"copies", "method", "boundaries", "epochs_run_ahead",  # not per-epoch counts
+                          "made_in", "mode_switches"})
 
     def __init__(self) -> None:
         self.nodes: dict[str, dict[str, Any]] = {}
