@@ -6,6 +6,7 @@ and across a node removed, clear errors (an unreachable cluster, a full object s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -134,8 +135,19 @@ def test_actors_on_the_drivers_node_hand_big_tensors_over_in_shared_memory(clust
 
     with load_graph(_spec(tmp_path, "{copies: 2, method: process}", fn=BIG)) as procs:
         want = [_indexes(procs) for _ in range(2)]
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orphan = f"/dev/shm/conveyor-ray-{gone.pid}-0badf00d-w0-l1-s0"  # a slot a killed driver left
+    with open(orphan, "wb") as f:
+        f.write(b"x")
+    os.utime(orphan, (time.time() - 7200, time.time() - 7200))
+    monkeypatch.setattr(ray_actors, "_swept", False)  # this process's first Ray loader
     with load_graph(_spec(tmp_path, _ray(cluster), fn=BIG)) as actors:
         held = [list(actors) for _ in range(2)]  # every batch kept while the actors go on
+        assert not os.path.exists(orphan)  # swept before the first slots were made
         copies = actors._epochs.run.copies()._workers
         here = ray_actors._driver_node(ray)
         where = [(_ask(c, "node") == here, _ask(c, "shares"), c.shared_bytes) for c in copies]
@@ -263,3 +275,33 @@ def test_named_slots_hand_a_tensor_over_by_name_and_take_its_slot_back_once_let_
     assert packer.lender is None and len(payload[2].raw()) == 1 << 20
     assert torch.equal(unpack(payload)[0]["big"], big)
     assert any("shared memory with the driver failed" in r.getMessage() for r in caplog.records)
+
+
+def test_names_left_by_a_killed_driver_are_removed_once_old_and_no_others(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import uuid
+
+    from conveyor.nodes._workers import named_slots
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid whose process is gone
+    tag = uuid.uuid4().hex[:8]
+    old, fresh, live = (f"/dev/shm/conveyor-ray-{pid}-{tag}-w0-l1-{kind}"
+                        for pid, kind in ((dead.pid, "s0"), (dead.pid, "flags"), (os.getpid(), "s0")))
+    other = f"/dev/shm/conveyor-test-{dead.pid}-{tag}"  # not conveyor-ray-: never looked at
+    for path in (old, fresh, live, other):
+        with open(path, "wb") as f:
+            f.write(b"x")
+    hour_ago = time.time() - 2 * named_slots.ORPHAN_AGE
+    for path in (old, live, other):
+        os.utime(path, (hour_ago, hour_ago))
+    try:
+        assert dead.pid in named_slots.remove_orphans()
+        assert not os.path.exists(old)  # its driver is gone and it is old: removed
+        assert os.path.exists(fresh)  # too young: a driver in another pid namespace may be mapping it
+        assert os.path.exists(live) and os.path.exists(other)
+    finally:
+        for path in (old, fresh, live, other):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)

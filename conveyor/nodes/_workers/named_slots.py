@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -113,6 +114,43 @@ def remove_slots(prefix: str) -> int:
                     os.unlink(entry.path)
                     gone += 1
     return gone
+
+
+ORPHAN_AGE = 3600.0  # seconds a name of a dead driver must have lain before remove_orphans takes it
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_orphans(head: str = "conveyor-ray-", *, older_than: float = ORPHAN_AGE) -> list[int]:
+    """Remove the names ``<head><pid>-...`` that drivers killed before they closed (SIGKILL, an
+    OOM kill) left in ``SHM``: each holds memory until the machine restarts. A name is taken
+    only when its driver's pid is gone and it has lain ``older_than`` seconds: a live job maps
+    and unnames its slots within seconds, and the age keeps a driver this process cannot see
+    (another pid namespace sharing ``/dev/shm``) safe. The pids whose names went, sorted."""
+    now = time.time()
+    gone: set[int] = set()
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(SHM):
+            name = entry.name
+            if not name.startswith(head):
+                continue
+            pid_text = name[len(head):].split("-", 1)[0]
+            if not pid_text.isdigit() or _alive(int(pid_text)):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if now - entry.stat(follow_symlinks=False).st_mtime < older_than:
+                    continue
+                os.unlink(entry.path)
+                gone.add(int(pid_text))
+    return sorted(gone)
 
 
 def lender_for(share: tuple[str, str, str] | None, node: str, first: int) -> FileLender | None:

@@ -39,7 +39,7 @@ from typing import Any, Callable
 from conveyor.errors import WorkerError
 from conveyor.nodes._workers.chunk_packing import pack, unpack
 from conveyor.nodes._workers.copy_worker import BASE_KEY, END, ERR, ITEMS, POLL, SKIP_KEY, START
-from conveyor.nodes._workers.named_slots import FileBorrower, FileFlags, lender_for, remove_slots
+from conveyor.nodes._workers.named_slots import FileBorrower, FileFlags, lender_for, remove_orphans, remove_slots
 from conveyor.nodes._workers.shared_slots import SHM, available
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,26 @@ class _CopyActor:
         return None
 
 
+_swept = False
+
+
+def _sweep_once() -> None:
+    """Once a process, before its first slots: the names of drivers killed before they closed
+    (``named_slots.remove_orphans``), said in the log."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    try:
+        pids = remove_orphans()
+    except OSError as exc:  # a sweep that cannot read SHM changes nothing for this job
+        log.debug("no sweep of %s: %s", SHM, exc)
+        return
+    if pids:
+        log.info("removed the shared-memory names that conveyor drivers %s left in %s when they were "
+                 "killed before they closed", ", ".join(map(str, pids)), SHM)
+
+
 class RayCopy:
     """The main process's end of one actor: a command queue (``put``), a message stream
     (``get``), and ``is_alive``/``join``, as ``WorkerCopies`` uses a worker process's."""
@@ -237,6 +257,7 @@ class RayCopy:
         self._end_share()
         if self.node is None:
             return
+        _sweep_once()
         prefix = f"{self.prefix}-l{self.life}"
         try:
             self.flags = FileFlags(os.path.join(SHM, f"{prefix}-flags"), create=True)
