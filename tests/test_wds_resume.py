@@ -20,7 +20,10 @@ import webdataset
 from conveyor import load_graph
 from conveyor.nodes import prefetch
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120),
+              # a reader thread dying at a restore (torchdata's _sort_worker unpickling a result of
+              # a worker that had left) printed a traceback; it must not come back
+              pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")]
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "examples/data/imagenet-sample/train"

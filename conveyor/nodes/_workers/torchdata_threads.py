@@ -82,6 +82,7 @@ def shutdown_torchdata(node: Any) -> list[threading.Thread]:
     while it is not None and seen < 4:
         stop = getattr(it, "_shutdown", None)
         if callable(stop):
+            _readers_first(it)
             stop()
             threads = [getattr(it, a, None) for a in ("_thread", "_read_thread", "_sort_thread")]
             threads += [t for t in getattr(it, "_workers", []) if isinstance(t, threading.Thread)]
@@ -89,6 +90,25 @@ def shutdown_torchdata(node: Any) -> list[threading.Thread]:
         it = getattr(it, "_it", None)
         seen += 1
     return []
+
+
+def _readers_first(it: Any) -> None:
+    """Stop a ``ParallelMapper``'s reading threads before its worker processes: torchdata's
+    ``_shutdown`` tells both at once, and a reader unpickling a result as its worker left died
+    on the worker's gone resource sharer (a FileNotFoundError traceback from ``_sort_worker``
+    on stderr at each restore right after ``iter()``, issue 29's webdataset test). The workers
+    go on until ``_shutdown`` tells them, so the readers' last results still unpickle."""
+    stop, mp_stop = getattr(it, "_stop", None), getattr(it, "_mp_stop", None)
+    if stop is None or mp_stop is None or mp_stop is stop:
+        return
+    stop.set()
+    for name in ("_read_thread", "_sort_thread"):
+        thread = getattr(it, name, None)
+        if isinstance(thread, threading.Thread) and thread.is_alive():
+            thread.join(timeout=READER_WAIT)
+
+
+READER_WAIT = 0.5  # seconds a reading thread gets to leave (torchdata polls its queues every 0.1 s)
 
 
 def join_threads(threads: list[threading.Thread], wait: float) -> list[threading.Thread]:
