@@ -59,6 +59,8 @@ from __future__ import annotations
 
 import codecs
 import logging
+from itertools import chain, repeat
+from operator import setitem
 from typing import Any
 
 import fsspec
@@ -85,6 +87,8 @@ ON_ERROR = ("raise", "skip")
 LINE_BITS = 32
 _NONES = [None] * 1024
 _FLAT = frozenset((str, int, float, bool, type(None)))  # a record of these values is one level deep
+_DICT = frozenset((dict,))
+_STR = frozenset((str,))
 
 
 class ReadJsonl(BaseNode[dict]):
@@ -357,25 +361,31 @@ class ReadJsonl(BaseNode[dict]):
             records = list(map(_fast_loads, chunk))  # type: ignore[arg-type]
         except ValueError:  # orjson.JSONDecodeError: that line, and those around it, one by one
             return None
-        field, path, label = self.field, self._path, self._label
-        line = self._line
-        base = self._base - 1
-        for record, raw in zip(records, chunk):
-            if type(record) is not dict:
-                return None
-            if not _FLAT.issuperset(map(type, record.values())) and len(raw) >= NESTED and (
-                    raw.count(b"[") + raw.count(b"{") >= NESTED):  # (_fast_record)
-                return None
-            if field is not None:
-                value = record.get(field)
-                if type(value) is not str or not value or value.isspace():
+        if not _DICT.issuperset(map(type, records)):
+            return None
+        if not _FLAT.issuperset(map(type, chain.from_iterable(map(dict.values, records)))):
+            for record, raw in zip(records, chunk):  # some hold a list or a dict: how deep? (_fast_record)
+                if not _FLAT.issuperset(map(type, record.values())) and len(raw) >= NESTED and (
+                        raw.count(b"[") + raw.count(b"{") >= NESTED):
                     return None
-            line += 1
-            record["file"] = path
-            record["line"] = line
-            record["index"] = base + line
-            if label != -1 and "label" not in record:
-                record["label"] = label
+        field = self.field
+        if field is not None:
+            values = list(map(dict.get, records, repeat(field)))
+            if not _STR.issuperset(map(type, values)) or not all(values) or any(map(str.isspace, values)):
+                return None
+        # the provenance, in C-level passes (a Python loop over the records was a third of the node)
+        k = len(records)
+        first = self._line + 1
+        any(map(setitem, records, repeat("file"), repeat(self._path)))
+        any(map(setitem, records, repeat("line"), range(first, first + k)))
+        start = self._base - 1 + first
+        any(map(setitem, records, repeat("index"), range(start, start + k)))
+        label = self._label
+        if label != -1:
+            for record in records:
+                if "label" not in record:
+                    record["label"] = label
+        line = first + k - 1
         k = end - li
         lines[li:end] = _NONES[:k] if k <= len(_NONES) else [None] * k  # let them go
         self._li, self._line = end, line
