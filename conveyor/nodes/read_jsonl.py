@@ -58,6 +58,7 @@ which no tokenizer can encode) are bad lines like any other.
 from __future__ import annotations
 
 import codecs
+import io
 import logging
 from itertools import chain, repeat
 from operator import setitem
@@ -154,9 +155,8 @@ class ReadJsonl(BaseNode[dict]):
         self._raw: Any = None  # a remote file's reader, under a decompressor
         self._offset = 0
         self._line = 0
-        self._lines: list[bytes] = []  # lines of the current block, without their b"\n"
+        self._lines: list[bytes] = []  # lines of the current block, each with its b"\n"
         self._li = 0                   # the next of them
-        self._nl = 1                   # 1: they had a b"\n" (0: the file's last line had none)
         self._tail: list[bytes] = []   # the pieces of a line the blocks cut, completed by a later block
         self._path = ""                # the open file's path
         self._base = 0                 # the open file's index << LINE_BITS
@@ -254,7 +254,7 @@ class ReadJsonl(BaseNode[dict]):
             self._open(next(self.source), initial_state[self.OFFSET_KEY], count=False)
 
     def _block(self) -> bool:
-        """Read the next block's lines (without their b"\\n"); False at the end of the file (or
+        """Read the next block's lines (each with its b"\\n"); False at the end of the file (or
         where it cannot be read further, on_error: skip)."""
         try:
             data = self._fh.read(BLOCK)
@@ -275,7 +275,6 @@ class ReadJsonl(BaseNode[dict]):
             if not self._tail:
                 return False
             self._lines, self._li, self._tail = [b"".join(self._tail)], 0, []  # a last line without b"\\n"
-            self._nl = 0
             return True
         if b"\n" not in data:  # a line longer than a block: its pieces are joined once, when it ends
             self._tail.append(data)  # (adding each block to the line so far was quadratic: 49 s for 200 MB)
@@ -284,10 +283,12 @@ class ReadJsonl(BaseNode[dict]):
         if self._tail:
             self._tail.append(data)
             data = b"".join(self._tail)
-        lines = data.split(b"\n")
-        last = lines.pop()  # after the last b"\n": the start of a line (or b"")
-        self._tail = [last] if last else []
-        self._lines, self._li, self._nl = lines, 0, 1
+        # readlines finds each b"\n" with memchr, ~3x faster than split's byte loop (~0.1 us a
+        # line); each line keeps its b"\n", which orjson and parse_line take as whitespace
+        lines = io.BytesIO(data).readlines()
+        last = lines[-1]
+        self._tail = [lines.pop()] if last[-1:] != b"\n" else []  # the start of a line the block cut
+        self._lines, self._li = lines, 0
         return True
 
     def next(self) -> dict:
@@ -309,10 +310,10 @@ class ReadJsonl(BaseNode[dict]):
                 self._close_file()
                 self._file = None
                 self._file_state = self.source.state_dict()  # after this file's record
-        lines, li, nl = self._lines, self._li, self._nl
+        lines, li = self._lines, self._li
         end = min(len(lines), li + n)
         if self._fast and self._utf8 and end - li > 1:
-            got = self._fast_chunk(lines, li, end, nl)
+            got = self._fast_chunk(lines, li, end)
             if got is not None:
                 return got
         out: list[dict] = []
@@ -324,7 +325,7 @@ class ReadJsonl(BaseNode[dict]):
                 raw = lines[li]
                 lines[li] = None  # type: ignore[call-overload]  # let it go
                 li += 1
-                offset += len(raw) + nl
+                offset += len(raw)
                 line += 1
                 record = None
                 if fast and (len(raw) < NESTED or raw.count(b"[") + raw.count(b"{") < NESTED):  # (_fast_record)
@@ -347,7 +348,7 @@ class ReadJsonl(BaseNode[dict]):
             self._li, self._offset, self._line = li, offset, line
         return out
 
-    def _fast_chunk(self, lines: list, li: int, end: int, nl: int) -> list[dict] | None:
+    def _fast_chunk(self, lines: list, li: int, end: int) -> list[dict] | None:
         """The records of ``lines[li:end]`` parsed by orjson in a C-level loop (``map``), checked
         and given their provenance, the node moved past them; None (nothing moved) where any of
         them needs the line-by-line path: a line orjson refuses (a blank one, a byte order mark,
@@ -389,7 +390,7 @@ class ReadJsonl(BaseNode[dict]):
         k = end - li
         lines[li:end] = _NONES[:k] if k <= len(_NONES) else [None] * k  # let them go
         self._li, self._line = end, line
-        self._offset += sum(map(len, chunk)) + nl * k
+        self._offset += sum(map(len, chunk))
         return records
 
     def _fast_record(self, raw: bytes) -> dict | None:
