@@ -58,7 +58,10 @@ which no tokenizer can encode) are bad lines like any other.
 from __future__ import annotations
 
 import codecs
+import io
 import logging
+from itertools import chain, repeat
+from operator import setitem
 from typing import Any
 
 import fsspec
@@ -85,6 +88,8 @@ ON_ERROR = ("raise", "skip")
 LINE_BITS = 32
 _NONES = [None] * 1024
 _FLAT = frozenset((str, int, float, bool, type(None)))  # a record of these values is one level deep
+_DICT = frozenset((dict,))
+_STR = frozenset((str,))
 
 
 class ReadJsonl(BaseNode[dict]):
@@ -150,9 +155,8 @@ class ReadJsonl(BaseNode[dict]):
         self._raw: Any = None  # a remote file's reader, under a decompressor
         self._offset = 0
         self._line = 0
-        self._lines: list[bytes] = []  # lines of the current block, without their b"\n"
+        self._lines: list[bytes] = []  # lines of the current block, each with its b"\n"
         self._li = 0                   # the next of them
-        self._nl = 1                   # 1: they had a b"\n" (0: the file's last line had none)
         self._tail: list[bytes] = []   # the pieces of a line the blocks cut, completed by a later block
         self._path = ""                # the open file's path
         self._base = 0                 # the open file's index << LINE_BITS
@@ -250,7 +254,7 @@ class ReadJsonl(BaseNode[dict]):
             self._open(next(self.source), initial_state[self.OFFSET_KEY], count=False)
 
     def _block(self) -> bool:
-        """Read the next block's lines (without their b"\\n"); False at the end of the file (or
+        """Read the next block's lines (each with its b"\\n"); False at the end of the file (or
         where it cannot be read further, on_error: skip)."""
         try:
             data = self._fh.read(BLOCK)
@@ -271,7 +275,6 @@ class ReadJsonl(BaseNode[dict]):
             if not self._tail:
                 return False
             self._lines, self._li, self._tail = [b"".join(self._tail)], 0, []  # a last line without b"\\n"
-            self._nl = 0
             return True
         if b"\n" not in data:  # a line longer than a block: its pieces are joined once, when it ends
             self._tail.append(data)  # (adding each block to the line so far was quadratic: 49 s for 200 MB)
@@ -280,10 +283,12 @@ class ReadJsonl(BaseNode[dict]):
         if self._tail:
             self._tail.append(data)
             data = b"".join(self._tail)
-        lines = data.split(b"\n")
-        last = lines.pop()  # after the last b"\n": the start of a line (or b"")
-        self._tail = [last] if last else []
-        self._lines, self._li, self._nl = lines, 0, 1
+        # readlines finds each b"\n" with memchr, ~3x faster than split's byte loop (~0.1 us a
+        # line); each line keeps its b"\n", which orjson and parse_line take as whitespace
+        lines = io.BytesIO(data).readlines()
+        last = lines[-1]
+        self._tail = [lines.pop()] if last[-1:] != b"\n" else []  # the start of a line the block cut
+        self._lines, self._li = lines, 0
         return True
 
     def next(self) -> dict:
@@ -305,10 +310,10 @@ class ReadJsonl(BaseNode[dict]):
                 self._close_file()
                 self._file = None
                 self._file_state = self.source.state_dict()  # after this file's record
-        lines, li, nl = self._lines, self._li, self._nl
+        lines, li = self._lines, self._li
         end = min(len(lines), li + n)
         if self._fast and self._utf8 and end - li > 1:
-            got = self._fast_chunk(lines, li, end, nl)
+            got = self._fast_chunk(lines, li, end)
             if got is not None:
                 return got
         out: list[dict] = []
@@ -320,7 +325,7 @@ class ReadJsonl(BaseNode[dict]):
                 raw = lines[li]
                 lines[li] = None  # type: ignore[call-overload]  # let it go
                 li += 1
-                offset += len(raw) + nl
+                offset += len(raw)
                 line += 1
                 record = None
                 if fast and (len(raw) < NESTED or raw.count(b"[") + raw.count(b"{") < NESTED):  # (_fast_record)
@@ -343,7 +348,7 @@ class ReadJsonl(BaseNode[dict]):
             self._li, self._offset, self._line = li, offset, line
         return out
 
-    def _fast_chunk(self, lines: list, li: int, end: int, nl: int) -> list[dict] | None:
+    def _fast_chunk(self, lines: list, li: int, end: int) -> list[dict] | None:
         """The records of ``lines[li:end]`` parsed by orjson in a C-level loop (``map``), checked
         and given their provenance, the node moved past them; None (nothing moved) where any of
         them needs the line-by-line path: a line orjson refuses (a blank one, a byte order mark,
@@ -357,29 +362,35 @@ class ReadJsonl(BaseNode[dict]):
             records = list(map(_fast_loads, chunk))  # type: ignore[arg-type]
         except ValueError:  # orjson.JSONDecodeError: that line, and those around it, one by one
             return None
-        field, path, label = self.field, self._path, self._label
-        line = self._line
-        base = self._base - 1
-        for record, raw in zip(records, chunk):
-            if type(record) is not dict:
-                return None
-            if not _FLAT.issuperset(map(type, record.values())) and len(raw) >= NESTED and (
-                    raw.count(b"[") + raw.count(b"{") >= NESTED):  # (_fast_record)
-                return None
-            if field is not None:
-                value = record.get(field)
-                if type(value) is not str or not value or value.isspace():
+        if not _DICT.issuperset(map(type, records)):
+            return None
+        if not _FLAT.issuperset(map(type, chain.from_iterable(map(dict.values, records)))):
+            for record, raw in zip(records, chunk):  # some hold a list or a dict: how deep? (_fast_record)
+                if not _FLAT.issuperset(map(type, record.values())) and len(raw) >= NESTED and (
+                        raw.count(b"[") + raw.count(b"{") >= NESTED):
                     return None
-            line += 1
-            record["file"] = path
-            record["line"] = line
-            record["index"] = base + line
-            if label != -1 and "label" not in record:
-                record["label"] = label
+        field = self.field
+        if field is not None:
+            values = list(map(dict.get, records, repeat(field)))
+            if not _STR.issuperset(map(type, values)) or not all(values) or any(map(str.isspace, values)):
+                return None
+        # the provenance, in C-level passes (a Python loop over the records was a third of the node)
+        k = len(records)
+        first = self._line + 1
+        any(map(setitem, records, repeat("file"), repeat(self._path)))
+        any(map(setitem, records, repeat("line"), range(first, first + k)))
+        start = self._base - 1 + first
+        any(map(setitem, records, repeat("index"), range(start, start + k)))
+        label = self._label
+        if label != -1:
+            for record in records:
+                if "label" not in record:
+                    record["label"] = label
+        line = first + k - 1
         k = end - li
         lines[li:end] = _NONES[:k] if k <= len(_NONES) else [None] * k  # let them go
         self._li, self._line = end, line
-        self._offset += sum(map(len, chunk)) + nl * k
+        self._offset += sum(map(len, chunk))
         return records
 
     def _fast_record(self, raw: bytes) -> dict | None:
