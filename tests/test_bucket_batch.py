@@ -192,21 +192,39 @@ def _run_states(lengths: list[int], kw: dict[str, Any]) -> list[tuple[Any, dict,
     return [(_ids([batch]), node.state_dict(), node.stats()) for batch in node]
 
 
+def _by_each_path(lengths: list[int], kw: dict[str, Any]) -> None:
+    """Every batch, state and stat after each batch are the same whether a chunk's items go in
+    one numpy pass per bucket (_bulk), one Python loop over C-found lengths, or one by one (_add)."""
+    bulk = _run_states(lengths, kw)
+    saved_bulk, saved_sized = BucketBatch._bulk, BucketBatch._sized
+    BucketBatch._bulk = lambda self, pending, pi: None  # type: ignore[method-assign]  # the item loop
+    try:
+        loop = _run_states(lengths, kw)
+        BucketBatch._sized = lambda self, chunk: (None, None, None)  # type: ignore[method-assign]  # all by _add
+        slow = _run_states(lengths, kw)
+    finally:
+        BucketBatch._bulk, BucketBatch._sized = saved_bulk, saved_sized  # type: ignore[method-assign]
+    assert bulk == slow
+    assert loop == slow
+
+
 @settings(max_examples=60, deadline=None)
 @given(configs())
 def test_a_chunk_added_at_once_is_the_items_added_one_by_one(config):
-    """_fill adds a chunk's items in one loop over lengths found at C speed; every batch,
-    state and stat after each batch is what the item-by-item _add gives (empty and overflowing
-    items, forced flushes and budgets included)."""
-    lengths, kw = config
-    fast = _run_states(lengths, kw)
-    sized = BucketBatch._sized
-    BucketBatch._sized = lambda self, chunk: (None, None)  # type: ignore[method-assign]  # all by _add
-    try:
-        slow = _run_states(lengths, kw)
-    finally:
-        BucketBatch._sized = sized  # type: ignore[method-assign]
-    assert fast == slow
+    """Empty and overflowing items, forced flushes and budgets included."""
+    _by_each_path(*config)
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs(), st.lists(st.integers(1, 300), min_size=20, max_size=700), st.booleans())
+def test_a_chunk_added_in_bulk_is_the_items_added_one_by_one(config, lengths, no_overflow):
+    """Longer inputs (chunks of 256 and a short last one), without empty items (which send
+    _bulk to _add) and maybe none over the last boundary, so most chunks go in bulk, cut inside
+    by full pools and forced flushes (max_pending from 1)."""
+    _, kw = config
+    if no_overflow:
+        lengths = [min(n, kw["boundaries"][-1]) for n in lengths]
+    _by_each_path(lengths, kw)
 
 
 def test_resume_with_forced_flushes_and_auto_boundaries():
