@@ -9,13 +9,13 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
 from conveyor.nodes._rng import derive_seed
-from conveyor.nodes.bucket_batch import BucketBatch, auto_boundaries
+from conveyor.nodes.bucket_batch import BucketBatch, auto_boundaries, cut_sorted
 
 
 class Items(BaseNode):
@@ -225,6 +225,26 @@ def test_a_chunk_added_in_bulk_is_the_items_added_one_by_one(config, lengths, no
     if no_overflow:
         lengths = [min(n, kw["boundaries"][-1]) for n in lengths]
     _by_each_path(lengths, kw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 400), min_size=1, max_size=80), st.integers(1, 600), st.sampled_from([None, 1, 8]))
+@example([4, 4, 4], 8, None)  # a batch exactly the budget wide
+@example([0, 0, 3, 9], 9, 8)  # empty items count 1 wide; one alone over the budget
+def test_a_budget_cut_is_the_greedy_one(lens, budget, multiple):
+    """cut_sorted finds each batch's end by bisection; the cuts are the greedy item-by-item
+    ones: a batch grows while its size x padded longest fits the budget (a lone item over it
+    is a batch of one), and the last is partial when one more of its longest would fit."""
+    lens = sorted(lens)
+    padded = [max(_padded(n, multiple), 1) for n in lens]
+    cuts, start = [], 0
+    for i in range(1, len(lens)):
+        if (i + 1 - start) * padded[i] > budget:
+            cuts.append((start, i))
+            start = i
+    cuts.append((start, len(lens)))
+    partial = (len(lens) - start + 1) * padded[-1] <= budget
+    assert cut_sorted(lens, size=None, budget=budget, multiple=multiple) == (cuts, partial)
 
 
 def test_resume_with_forced_flushes_and_auto_boundaries():

@@ -571,14 +571,15 @@ class BucketBatch(BaseNode[list]):
     # ----- cutting and emitting -----------------------------------------------------------
     def _split(self, b: int, entries: list[tuple[int, int, Any]], final: bool) -> list[Batch]:
         """Cut one bucket's sorted entries into batches (the last dropped if partial and asked)."""
-        lens = [e[0] for e in entries]
+        lens = list(map(itemgetter(0), entries))
         size = self.batch_sizes[b] if self.batch_sizes is not None else None
         cuts, partial = cut_sorted(lens, size=size, budget=self.max_tokens, multiple=self.multiple)
         if final and self.drop_remainder and partial:
             s, e = cuts.pop()
             if not self._replaying:
                 self._stats["dropped"] += e - s
-        return [Batch(b, [x[2] for x in entries[s:e]], lens[e - 1], sum(lens[s:e])) for s, e in cuts]
+        item = itemgetter(2)
+        return [Batch(b, list(map(item, entries[s:e])), lens[e - 1], sum(lens[s:e])) for s, e in cuts]
 
     def _cut(self, which: int, counter: int) -> None:
         """Cut bucket ``which``'s pool (or, with ``ALL``, every pool at the epoch's end) into
