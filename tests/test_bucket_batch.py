@@ -9,13 +9,13 @@ import random
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
 from conveyor.nodes._rng import derive_seed
-from conveyor.nodes.bucket_batch import BucketBatch, auto_boundaries
+from conveyor.nodes.bucket_batch import BucketBatch, auto_boundaries, cut_sorted
 
 
 class Items(BaseNode):
@@ -192,21 +192,59 @@ def _run_states(lengths: list[int], kw: dict[str, Any]) -> list[tuple[Any, dict,
     return [(_ids([batch]), node.state_dict(), node.stats()) for batch in node]
 
 
+def _by_each_path(lengths: list[int], kw: dict[str, Any]) -> None:
+    """Every batch, state and stat after each batch are the same whether a chunk's items go in
+    one numpy pass per bucket (_bulk), one Python loop over C-found lengths, or one by one (_add)."""
+    bulk = _run_states(lengths, kw)
+    saved_bulk, saved_sized = BucketBatch._bulk, BucketBatch._sized
+    BucketBatch._bulk = lambda self, pending, pi: None  # type: ignore[method-assign]  # the item loop
+    try:
+        loop = _run_states(lengths, kw)
+        BucketBatch._sized = lambda self, chunk: (None, None, None)  # type: ignore[method-assign]  # all by _add
+        slow = _run_states(lengths, kw)
+    finally:
+        BucketBatch._bulk, BucketBatch._sized = saved_bulk, saved_sized  # type: ignore[method-assign]
+    assert bulk == slow
+    assert loop == slow
+
+
 @settings(max_examples=60, deadline=None)
 @given(configs())
 def test_a_chunk_added_at_once_is_the_items_added_one_by_one(config):
-    """_fill adds a chunk's items in one loop over lengths found at C speed; every batch,
-    state and stat after each batch is what the item-by-item _add gives (empty and overflowing
-    items, forced flushes and budgets included)."""
-    lengths, kw = config
-    fast = _run_states(lengths, kw)
-    sized = BucketBatch._sized
-    BucketBatch._sized = lambda self, chunk: (None, None)  # type: ignore[method-assign]  # all by _add
-    try:
-        slow = _run_states(lengths, kw)
-    finally:
-        BucketBatch._sized = sized  # type: ignore[method-assign]
-    assert fast == slow
+    """Empty and overflowing items, forced flushes and budgets included."""
+    _by_each_path(*config)
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs(), st.lists(st.integers(1, 300), min_size=20, max_size=700), st.booleans())
+def test_a_chunk_added_in_bulk_is_the_items_added_one_by_one(config, lengths, no_overflow):
+    """Longer inputs (chunks of 256 and a short last one), without empty items (which send
+    _bulk to _add) and maybe none over the last boundary, so most chunks go in bulk, cut inside
+    by full pools and forced flushes (max_pending from 1)."""
+    _, kw = config
+    if no_overflow:
+        lengths = [min(n, kw["boundaries"][-1]) for n in lengths]
+    _by_each_path(lengths, kw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 400), min_size=1, max_size=80), st.integers(1, 600), st.sampled_from([None, 1, 8]))
+@example([4, 4, 4], 8, None)  # a batch exactly the budget wide
+@example([0, 0, 3, 9], 9, 8)  # empty items count 1 wide; one alone over the budget
+def test_a_budget_cut_is_the_greedy_one(lens, budget, multiple):
+    """cut_sorted finds each batch's end by bisection; the cuts are the greedy item-by-item
+    ones: a batch grows while its size x padded longest fits the budget (a lone item over it
+    is a batch of one), and the last is partial when one more of its longest would fit."""
+    lens = sorted(lens)
+    padded = [max(_padded(n, multiple), 1) for n in lens]
+    cuts, start = [], 0
+    for i in range(1, len(lens)):
+        if (i + 1 - start) * padded[i] > budget:
+            cuts.append((start, i))
+            start = i
+    cuts.append((start, len(lens)))
+    partial = (len(lens) - start + 1) * padded[-1] <= budget
+    assert cut_sorted(lens, size=None, budget=budget, multiple=multiple) == (cuts, partial)
 
 
 def test_resume_with_forced_flushes_and_auto_boundaries():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+from bisect import bisect_left
 import random
 from operator import itemgetter
 from typing import Any, Callable, Sequence
@@ -167,12 +168,18 @@ def cut_sorted(lens: list[int], *, size: int | None, budget: int | None,
     if not n:
         return cuts, False
     m = multiple
-    padded = [(-(-x // m) * m or 1) for x in lens] if m else [x or 1 for x in lens]
+    arr = np.array(lens, dtype=np.int64)
+    if m:
+        arr = -(-arr // m) * m
+    padded = np.maximum(arr, 1).tolist()
     start = 0
-    for i in range(1, n):  # sorted: entry i is the longest of [start, i]
-        if (i + 1 - start) * padded[i] > budget:  # type: ignore[operator]
-            cuts.append((start, i))
-            start = i
+    while True:  # sorted: entry i is the longest of [start, i], so (i + 1 - start) * padded[i] grows with i
+        end = bisect_left(range(start + 1, n), True,
+                          key=lambda i: (i + 1 - start) * padded[i] > budget) + start + 1  # type: ignore[operator]
+        if end >= n:
+            break
+        cuts.append((start, end))
+        start = end
     cuts.append((start, n))
     return cuts, (n - start + 1) * padded[n - 1] <= budget  # type: ignore[operator]
 

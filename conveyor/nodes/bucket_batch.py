@@ -62,9 +62,10 @@ from __future__ import annotations
 import logging
 from bisect import bisect_left
 from itertools import repeat
-from operator import itemgetter
+from operator import itemgetter, lt
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
@@ -79,6 +80,9 @@ from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, ListOf,
 
 log = logging.getLogger(__name__)
 _CHUNK = 256  # input items read at once (the input's state is kept at chunk starts)
+_BULK_MIN = 16  # a shorter chunk goes item by item (numpy's calls cost more than they save)
+_ADDED, _ONE = -3, -4  # _bulk: added without a cut; the first item is for _add
+_INF = float("inf")
 
 
 class _Snap:
@@ -179,6 +183,7 @@ class BucketBatch(BaseNode[list]):
         self.max_pending = self._max_pending_arg or max(4 * items, 64)
         self._snap_every = max(self.max_pending // 8, 1)
         self._n_bounds = len(bounds)
+        self._bounds_array = np.array(bounds, dtype=np.int64)
         self._by_tokens = self.batch_sizes is None
         # a pool is full when its weight (items, or tokens under a budget) reaches its capacity
         if self.batch_sizes is not None:
@@ -230,6 +235,7 @@ class BucketBatch(BaseNode[list]):
         self._chunk_snap: _Snap | None = None  # the input's state where that chunk began
         self._lens: list[int] | None = None  # the chunk's lengths and buckets (_sized)
         self._bks: list[int] | None = None
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # the same as arrays, for _bulk
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -376,10 +382,12 @@ class BucketBatch(BaseNode[list]):
         """Read until a pool is cut (StopIteration at the end of the input).
 
         Items are added a chunk (what ``take`` gave) at a time: the chunk's lengths and buckets
-        are found in two C-level passes (``_sized``), and the items added in a loop that keeps
-        its counters in locals; an item that is empty, overflows, or comes while a restore
-        replays takes ``_add``, item by item. The pools, counters and snapshots after each item
-        are exactly ``_add``'s (a chunk whose lengths cannot be taken that way goes by ``_add``)."""
+        are found at C speed (``_sized``), and the items added a bucket at a time up to the item
+        that cuts a pool (``_bulk``: a text epoch cuts a pool about every chunk, so the chunk
+        goes in a few such runs), else in a loop that keeps its counters in locals; an item
+        that is empty, overflows, or comes while a restore replays takes ``_add``, item by item.
+        The pools, counters, cuts and snapshots are exactly ``_add``'s (a chunk whose lengths
+        cannot be taken that way goes by ``_add``)."""
         p = self._p
         source, add, weight, capacity = self.source, self._add, p.tokens, self._capacity
         max_pending, snap_every = self.max_pending, self._snap_every
@@ -391,8 +399,22 @@ class BucketBatch(BaseNode[list]):
                 if snap.pos - self._snaps[-1].pos >= snap_every:
                     self._snaps.append(snap)
                 self._pending, self._pi = pending, pi = take(source, _CHUNK), 0
-                self._lens, self._bks = self._sized(pending)
+                self._lens, self._bks, self._arrays = self._sized(pending)
             lens, bks = self._lens, self._bks
+            end = len(pending)
+            if self._arrays is not None and not self._replaying:
+                got = self._bulk(pending, pi)
+                if got == _ADDED:
+                    continue
+                if got == _ONE:  # an empty or overflowing item first: _add's rules, below
+                    end = pi + 1
+                elif got is not None:
+                    if got >= 0:
+                        self._cut(got, p.cut_count)
+                    else:
+                        self._forced_cut()
+                    self._snapshot()
+                    return
             if lens is None or self._replaying:  # item by item
                 item = pending[pi]
                 pending[pi] = None
@@ -406,7 +428,7 @@ class BucketBatch(BaseNode[list]):
                     continue
                 self._snapshot()
                 return
-            end, pos, cut = len(pending), self._pos, False
+            pos, cut = self._pos, False
             try:
                 while pi < end:
                     n, b = lens[pi], bks[pi]
@@ -455,13 +477,14 @@ class BucketBatch(BaseNode[list]):
         self._stats["forced"] += 1
         self._cut(oldest, p.cut_count)
 
-    def _sized(self, chunk: list) -> tuple[list[int] | None, list[int] | None]:
-        """The lengths and buckets of a chunk's items, where the length is a field every item
-        has as a sequence with a ``len()`` (arrays, lists, 1-D tensors); (None, None) else,
-        for ``_add`` to take each length (and say what is wrong)."""
+    def _sized(self, chunk: list) -> tuple[list[int] | None, list[int] | None, Any]:
+        """The lengths and buckets of a chunk's items, as lists and as arrays (for ``_bulk``),
+        where the length is a field every item has as a sequence with a ``len()`` (arrays,
+        lists, 1-D tensors); (None, None, None) else, for ``_add`` to take each length (and say
+        what is wrong)."""
         field = self._field
         if field is None:
-            return None, None
+            return None, None, None
         try:
             values = list(map(itemgetter(field), chunk))
             if values and type(values[0]) is torch.Tensor:  # (Tensor.__len__ is slow)
@@ -469,20 +492,94 @@ class BucketBatch(BaseNode[list]):
             else:
                 lens = list(map(len, values))
         except Exception:  # not a dict, no such field, a 0-d array: _add's item_length says why
-            return None, None
-        return lens, list(map(bisect_left, repeat(self.boundaries), lens))
+            return None, None, None
+        if len(lens) < _BULK_MIN:
+            return lens, list(map(bisect_left, repeat(self.boundaries), lens)), None
+        arr = np.array(lens, dtype=np.int64)
+        bks = np.searchsorted(self._bounds_array, arr)  # side="left": bisect_left's bucket
+        return lens, bks.tolist(), (arr, bks)
+
+    def _bulk(self, pending: list, pi: int) -> int | None:
+        """Add the chunk's items from ``pending[pi]`` on in one pass per bucket, up to the
+        first item that cuts a pool (reaches its capacity, or is ``max_pending`` past the
+        oldest pending item), the first empty or overflowing item (``_add``'s rules), or the
+        chunk's end: the cutting item is found from per-bucket running weights, so the pools,
+        counters and cut are exactly what adding the items one by one gives. Returns the bucket
+        to cut, -1 for a forced cut, ``_ADDED`` (no cut), ``_ONE`` (the first item is for
+        ``_add``), or None where replayed items are still to be skipped (``done``), for the
+        item loop."""
+        p = self._p
+        read, done = p.read, p.done
+        if any(map(lt, read, done)):  # (just after a restore)
+            return None
+        arr, bks = self._arrays  # type: ignore[misc]
+        if pi:
+            arr, bks = arr[pi:], bks[pi:]
+        special = arr == 0
+        if self.overflow != "own_bucket":
+            special |= bks == self._n_bounds
+        m = len(arr)
+        if special.any():
+            m = int(special.argmax())
+            if not m:
+                return _ONE
+            arr, bks = arr[:m], bks[:m]
+        nb = self.n_buckets
+        weights = arr if self._by_tokens else np.ones(m, dtype=np.int64)
+        order = np.argsort(bks, kind="stable")  # each bucket's items, in input order
+        counts = np.bincount(bks, minlength=nb)
+        ends = np.cumsum(counts)
+        run = np.cumsum(weights[order])  # the running weight of each bucket, in that order
+        run -= np.repeat(np.concatenate(([0], run))[ends - counts], counts)
+        room = np.array(self._capacity, dtype=np.int64) - np.array(p.tokens, dtype=np.int64)
+        hits = order[run >= np.repeat(room, counts)]
+        stop = int(hits.min()) if len(hits) else m  # the first item to fill its pool
+        pos0 = self._pos
+        oldest = p.oldest if p.oldest != _INF else pos0  # (item 0 is added, so the oldest then)
+        forced = self.max_pending + int(oldest) - pos0  # from this item on, past max_pending
+        if forced < 0:
+            forced = 0
+        c = min(stop, forced, m - 1) + 1  # the items to add
+        if c < m:
+            keep = order < c
+            order, counts = order[keep], np.bincount(bks[:c], minlength=nb)
+        sums = np.bincount(bks[:c], weights=weights[:c], minlength=nb).tolist() if self._by_tokens else None
+        entries = list(zip(self._lens[pi:pi + c], range(pos0, pos0 + c), pending[pi:pi + c]))  # type: ignore[index]
+        pending[pi:pi + c] = repeat(None, c)
+        idx = order.tolist()
+        pools, tokens, j = p.pools, p.tokens, 0
+        for b, k in enumerate(counts.tolist()):
+            if not k:
+                continue
+            mine = idx[j:j + k]
+            j += k
+            pool = pools[b]
+            if not pool and pos0 + mine[0] < p.oldest:
+                p.oldest = pos0 + mine[0]
+            pool.extend(map(entries.__getitem__, mine))
+            read[b] += k
+            tokens[b] += int(sums[b]) if sums is not None else k
+        if nb > self._n_bounds and counts[self._n_bounds]:  # own_bucket: counted as _add does
+            self._stats["overflow"] += int(counts[self._n_bounds])
+        self._pos, self._pi = pos0 + c, pi + c
+        if c - 1 == stop:
+            return int(bks[stop])
+        if c - 1 == forced:
+            return -1
+        return _ADDED
 
     # ----- cutting and emitting -----------------------------------------------------------
     def _split(self, b: int, entries: list[tuple[int, int, Any]], final: bool) -> list[Batch]:
         """Cut one bucket's sorted entries into batches (the last dropped if partial and asked)."""
-        lens = [e[0] for e in entries]
+        lens = list(map(itemgetter(0), entries))
         size = self.batch_sizes[b] if self.batch_sizes is not None else None
         cuts, partial = cut_sorted(lens, size=size, budget=self.max_tokens, multiple=self.multiple)
         if final and self.drop_remainder and partial:
             s, e = cuts.pop()
             if not self._replaying:
                 self._stats["dropped"] += e - s
-        return [Batch(b, [x[2] for x in entries[s:e]], lens[e - 1], sum(lens[s:e])) for s, e in cuts]
+        item = itemgetter(2)
+        return [Batch(b, list(map(item, entries[s:e])), lens[e - 1], sum(lens[s:e])) for s, e in cuts]
 
     def _cut(self, which: int, counter: int) -> None:
         """Cut bucket ``which``'s pool (or, with ``ALL``, every pool at the epoch's end) into
