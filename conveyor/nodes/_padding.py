@@ -153,8 +153,8 @@ def _positions(n: int) -> np.ndarray:
 def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side: str,
                 multiple: int | None, dtype: torch.dtype | None,
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
-    """``pad_field`` of numpy arrays, and the number of real tokens: joined in one call, then copied into one buffer (of
-    ``dtype``, cast on the way) through the mask in one more (the mask walks the real tokens in
+    """``pad_field`` of numpy arrays, and their real tokens: joined in one call, then copied
+    into one buffer (of ``dtype``, cast on the way) through the mask in one more (the mask walks the real tokens in
     row order, the order of the arrays joined); no Python per sample but its length. None for
     anything unusual (mixed dtypes or dims, non-numeric arrays, other types among the arrays,
     a ``dtype`` numpy lacks), which the tensor path then handles or refuses."""

@@ -89,9 +89,8 @@ def _unpadded(name: Any, values: list, samples: Sequence[Any], exc: Exception) -
 def _lean_dict(samples: Sequence[Any], first: dict, names: Sequence[Any], value_for: Any, side: str,
                multiple: int | None, dtype: torch.dtype | None) -> tuple[dict, int, int] | None:
     """The dict path for its common case (text.yaml's: dict samples whose named fields are
-    numpy arrays, the others ints and strs), with no per-field dispatch: ~25 us a batch of 35
-    less than the general path, whose Python set-up is most of pad_collate's cost for short
-    texts. None, having changed nothing, for anything else (a missing or unusual field, a
+    numpy arrays, the others ints and strs), with no per-field dispatch: the general path's
+    Python set-up is much of pad_collate's cost for short texts. None, having changed nothing, for anything else (a missing or unusual field, a
     sample that differs, a value ``_pad_arrays`` refuses, a name clash): the general path
     then gives the batch or the error it always gave."""
     n_fields = len(first)
