@@ -421,3 +421,95 @@ def test_a_batch_map_resumes_on_another_world_size(monkeypatch, tmp_path):
     taken, states = _interrupt(monkeypatch, spec, 2, 3, **params)
     rest, _ = _resume(monkeypatch, spec, 3, states, **params)
     _exactly_once(120, [ids[i] for i in taken], [[ids[i] for i in r] for r in rest])
+
+
+def _general(samples, **kw):
+    """pad_collate with its lean dict path switched off: the path every other batch takes."""
+    from conveyor.nodes import pad_collate as module
+
+    lean, module._lean_dict = module._lean_dict, lambda *a: None
+    try:
+        return module.pad_collate(samples, **kw)
+    except Exception as exc:
+        return exc
+    finally:
+        module._lean_dict = lean
+
+
+def _same(a, b):
+    if isinstance(a, Exception):
+        return type(a) is type(b) and str(a) == str(b)
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    return type(a) is type(b) and a == b
+
+
+def _ids(n, dtype=np.uint8, seed=0):
+    return np.random.default_rng(seed + n).integers(0, 100, n).astype(dtype)
+
+
+@pytest.mark.parametrize("case", [
+    "plain", "two fields", "left", "pad value", "mapping pad", "no dtype", "2-d", "mixed dtypes", "a list among",
+    "a float field", "a tensor field", "a lacking sample", "a bigger sample", "a non-dict sample", "clash",
+    "missing field", "pad value too big", "a str among ints", "a bool among ints", "empty row"])
+def test_pad_collates_lean_dict_path_gives_what_the_general_one_gives(case):
+    samples = [{"input_ids": _ids(n), "index": i, "file": "f.jsonl", "line": i + 1}
+               for i, n in enumerate([5, 17, 9, 1, 12])]
+    kw = {"fields": ["input_ids"], "pad_to_multiple_of": 8, "dtype": torch.int64}
+    if case == "two fields":
+        samples = [dict(s, labels=_ids(len(s["input_ids"]), np.int32)) for s in samples]
+        kw["fields"] = ["input_ids", "labels"]
+    elif case == "left":
+        kw["side"] = "left"
+    elif case == "pad value":
+        kw["pad_value"] = -100
+    elif case == "mapping pad":
+        kw["pad_value"] = {"input_ids": 7}
+    elif case == "no dtype":
+        del kw["dtype"]
+    elif case == "2-d":
+        samples = [dict(s, input_ids=np.stack([s["input_ids"]] * 3, 1)) for s in samples]
+    elif case == "mixed dtypes":
+        samples[2]["input_ids"] = samples[2]["input_ids"].astype(np.int32)
+    elif case == "a list among":
+        samples[1]["input_ids"] = [1, 2, 3]
+    elif case == "a float field":
+        samples = [dict(s, weight=0.5) for s in samples]
+    elif case == "a tensor field":
+        samples = [dict(s, label=torch.tensor([i, i])) for i, s in enumerate(samples)]
+    elif case == "a lacking sample":
+        del samples[3]["line"]
+    elif case == "a bigger sample":
+        samples[3]["extra"] = 1
+    elif case == "a non-dict sample":
+        samples[2] = list(samples[2].values())
+    elif case == "clash":
+        samples = [dict(s, lengths=1) for s in samples]
+    elif case == "missing field":
+        kw["fields"] = ["ids"]
+    elif case == "pad value too big":
+        kw["pad_value"], kw["dtype"] = 300, torch.uint8
+    elif case == "a str among ints":
+        samples[4]["index"] = "4"
+    elif case == "a bool among ints":
+        samples[0]["index"] = True
+    elif case == "empty row":
+        samples[2]["input_ids"] = samples[2]["input_ids"][:0]
+    try:
+        got = pad_collate(samples, **kw)
+    except Exception as exc:
+        got = exc
+    want = _general(samples, **kw)
+    assert _same(got, want), (got, want)
+    if case == "plain":  # (the cases agree with the general path; this one also with the numbers)
+        from conveyor.nodes import pad_collate as module
+
+        assert module._lean_dict(samples, samples[0], kw["fields"], lambda name: 0, "right", 8, torch.int64) is not None
+        batch, real, padded = got
+        assert batch["input_ids"].shape == (5, 24) and batch["input_ids"].dtype == torch.int64
+        assert batch["lengths"].tolist() == [5, 17, 9, 1, 12] and (real, padded) == (44, 120)
+        assert batch["index"].tolist() == [0, 1, 2, 3, 4] and batch["file"] == ["f.jsonl"] * 5

@@ -106,7 +106,7 @@ def pad_field(values: Sequence[Any], *, name: Any = "?", pad_value: float = 0, s
     if type(values[0]) is np.ndarray:
         fast = _pad_arrays(values, name, pad_value, side, multiple, dtype)
         if fast is not None:
-            return fast
+            return fast[:3]
     seqs = [_as_tensor(v, name) for v in values]
     common = dtype or reduce(torch.promote_types, (s.dtype for s in seqs if s.numel()), seqs[0].dtype)
     if any(s.dtype != common for s in seqs):  # (empty lists default to int64: they follow the others)
@@ -152,9 +152,9 @@ def _positions(n: int) -> np.ndarray:
 
 def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side: str,
                 multiple: int | None, dtype: torch.dtype | None,
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """``pad_field`` of numpy arrays: joined in one call, then copied into one buffer (of
-    ``dtype``, cast on the way) through the mask in one more (the mask walks the real tokens in
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
+    """``pad_field`` of numpy arrays, and their real tokens: joined in one call, then copied
+    into one buffer (of ``dtype``, cast on the way) through the mask in one more (the mask walks the real tokens in
     row order, the order of the arrays joined); no Python per sample but its length. None for
     anything unusual (mixed dtypes or dims, non-numeric arrays, other types among the arrays,
     a ``dtype`` numpy lacks), which the tensor path then handles or refuses."""
@@ -183,4 +183,4 @@ def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side:
         _check_pad(name, pad_value, out_dtype)
     out = np.zeros(shape, out_dtype) if pad_value == 0 else np.full(shape, pad_value, dtype=out_dtype)
     out[mask] = flat
-    return torch.from_numpy(out), torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64))
+    return torch.from_numpy(out), torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64)), len(flat)
