@@ -409,11 +409,7 @@ class BucketBatch(BaseNode[list]):
                 if got == _ONE:  # an empty or overflowing item first: _add's rules, below
                     end = pi + 1
                 elif got is not None:
-                    if got >= 0:
-                        self._cut(got, p.cut_count)
-                    else:
-                        self._forced_cut()
-                    self._snapshot()
+                    self._end_fill(got)
                     return
             if lens is None or self._replaying:  # item by item
                 item = pending[pi]
@@ -463,12 +459,17 @@ class BucketBatch(BaseNode[list]):
                     self._pos, self._pi = pos, pi
             if not cut:
                 continue
-            if b >= 0:
-                self._cut(b, p.cut_count)
-            else:
-                self._forced_cut()
-            self._snapshot()
+            self._end_fill(b)
             return
+
+    def _end_fill(self, b: int) -> None:
+        """A fill ends: bucket ``b``'s pool is cut (-1: the oldest pool, forced), and the position
+        after it kept."""
+        if b >= 0:
+            self._cut(b, self._p.cut_count)
+        else:
+            self._forced_cut()
+        self._snapshot()
 
     def _forced_cut(self) -> None:
         """Cut the oldest pool early: its first item is ``max_pending`` items back."""
