@@ -157,7 +157,9 @@ def test_a_server_that_never_answers_gives_an_error_within_the_timeouts(s3, loos
     t0 = time.monotonic()
     with pytest.raises(SampleError, match=r"n01440764_10250\.JPEG: failed after 2 attempt\(s\).*Timeout"):
         list(node)
-    assert time.monotonic() - t0 < 4
+    # the proxy never answers that request: without the timeouts this would wait for ever (the
+    # module's pytest timeout); the bound is wide, so a busy host (.ci/busy: 6 s) does not fail it
+    assert time.monotonic() - t0 < 30
     node.close()
 
 
