@@ -513,3 +513,21 @@ def test_pad_collates_lean_dict_path_gives_what_the_general_one_gives(case):
         assert batch["input_ids"].shape == (5, 24) and batch["input_ids"].dtype == torch.int64
         assert batch["lengths"].tolist() == [5, 17, 9, 1, 12] and (real, padded) == (44, 120)
         assert batch["index"].tolist() == [0, 1, 2, 3, 4] and batch["file"] == ["f.jsonl"] * 5
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_pad_masks_from_the_row_table_are_the_position_comparison(side, monkeypatch):
+    from conveyor.nodes import _padding
+
+    monkeypatch.setattr(_padding, "_mask_rows", np.zeros((1, 0), bool))  # grown from empty here
+    monkeypatch.setattr(_padding, "_MASK_ROWS_MOST", 256)
+    rng = np.random.default_rng(0)
+    for longest in [0, 1, 7, 64, 65, 200, 256, 257, 1000, 8]:  # grows, past the cap, then small again
+        sizes = rng.integers(0, longest + 1, 9)
+        sizes[:2] = 0, longest
+        positions = np.arange(longest)
+        want = positions < sizes[:, None] if side == "right" else positions >= (longest - sizes)[:, None]
+        got = _padding._masks(sizes, longest, side)
+        assert got.dtype == bool and got.shape == want.shape and (got == want).all(), longest
+        assert got.flags.writeable  # the caller's own array, not a view of the table
+    assert _padding._mask_rows.shape == (257, 256) and not _padding._mask_rows.flags.writeable

@@ -128,26 +128,31 @@ def pad_field(values: Sequence[Any], *, name: Any = "?", pad_value: float = 0, s
 
 def _lengths_mask(counts: list[int], longest: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
     sizes = np.array(counts, dtype=np.int64)
-    positions = np.arange(longest)
+    return torch.from_numpy(sizes), torch.from_numpy(_masks(sizes, longest, side).astype(np.int64))
+
+
+_MASK_ROWS_MOST = 2048  # longer padded lengths compare positions (a table that long is 4 MB)
+_mask_rows = np.zeros((1, 0), bool)
+
+
+def _masks(sizes: np.ndarray, longest: int, side: str) -> np.ndarray:
+    """The ``[len(sizes), longest]`` mask of real tokens. Up to ``_MASK_ROWS_MOST``, rows of a
+    table (row ``n``: ``n`` leading Trues) taken in one call, half the time of comparing every
+    position to every length (which was a fifth of pad_collate on short texts); the table
+    grows to the longest padded length asked (a power of two), then is kept, read-only."""
+    global _mask_rows
+    if longest > _MASK_ROWS_MOST:
+        positions = np.arange(longest)
+        return positions < sizes[:, None] if side == "right" else positions >= (longest - sizes)[:, None]
+    rows = _mask_rows
+    if rows.shape[1] < longest:
+        width = max(64, 1 << (longest - 1).bit_length())
+        rows = np.arange(width) < np.arange(width + 1)[:, None]
+        rows.flags.writeable = False
+        _mask_rows = rows  # (a whole new table: a thread reading the old one still may)
     if side == "right":
-        mask = positions[None, :] < sizes[:, None]
-    else:
-        mask = positions[None, :] >= (longest - sizes)[:, None]
-    return torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64))
-
-
-_ARANGES: dict[int, np.ndarray] = {}
-
-
-def _positions(n: int) -> np.ndarray:
-    """``np.arange(n)``, kept per ``n`` (padded lengths repeat batch after batch)."""
-    got = _ARANGES.get(n)
-    if got is None:
-        if len(_ARANGES) > 4096:  # (any n: lengths rounded to no multiple can be many)
-            _ARANGES.clear()
-        got = _ARANGES[n] = np.arange(n)
-        got.flags.writeable = False
-    return got
+        return rows[sizes, :longest]
+    return ~rows[longest - sizes, :longest]
 
 
 def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side: str,
@@ -173,11 +178,7 @@ def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side:
     if multiple and longest % multiple:
         longest += multiple - longest % multiple
     sizes = np.array(counts, dtype=np.int64)
-    positions = _positions(longest)
-    if side == "right":
-        mask = positions < sizes[:, None]
-    else:
-        mask = positions >= (longest - sizes)[:, None]
+    mask = _masks(sizes, longest, side)
     shape = (len(counts), longest, *flat.shape[1:])
     if pad_value != 0:
         _check_pad(name, pad_value, out_dtype)
