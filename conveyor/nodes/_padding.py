@@ -137,9 +137,9 @@ _mask_rows = np.zeros((1, 0), bool)
 
 def _masks(sizes: np.ndarray, longest: int, side: str) -> np.ndarray:
     """The ``[len(sizes), longest]`` mask of real tokens. Up to ``_MASK_ROWS_MOST``, rows of a
-    table (row ``n``: ``n`` leading Trues) taken in one call, half the time of comparing every
-    position to every length (which was a fifth of pad_collate on short texts); the table
-    grows to the longest padded length asked (a power of two), then is kept, read-only."""
+    table (row ``n``: ``n`` leading Trues) taken in one call, in place of comparing every
+    position to every length (``_pad_arrays`` on text.yaml's batches: 40 -> 31 us a batch);
+    the table grows to the longest padded length asked (a power of two), then is kept, read-only."""
     global _mask_rows
     if longest > _MASK_ROWS_MOST:
         positions = np.arange(longest)
