@@ -63,10 +63,13 @@ def forker():
 # ----- parallel runs (pytest-xdist; pyproject's addopts say `-n auto --dist loadgroup`) --------
 
 _MOST_WORKERS = 4  # each torchrun test starts 2-4 ranks of its own: more workers only crowd them
+_WORKERS_A_CORE = 2  # much of the suite waits on processes it starts (torchrun, ray start, spawn,
+# the CLI): on the 2-core host with two busy loops (.ci/busy, fresh clone at 40252b2, 2026-12-03)
+# 2 workers took 862 s, 3 took 690 s, 4 took 644 s, all 1,176 tests passing each time
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    """How many workers `-n auto` starts: one a core up to four, or PYTEST_XDIST_AUTO_NUM_WORKERS;
+    """How many workers `-n auto` starts: two a core up to four, or PYTEST_XDIST_AUTO_NUM_WORKERS;
     0 (the tests run in this process, as without xdist) when the command names one test file,
     so `python -m pytest tests/test_x.py` starts no workers."""
     env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
@@ -75,7 +78,8 @@ def pytest_xdist_auto_num_workers(config) -> int:
     files = {arg.split("::", 1)[0] for arg in config.args}
     if len(files) == 1 and Path(next(iter(files))).is_file():
         return 0
-    return max(1, min(_MOST_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(_MOST_WORKERS, _WORKERS_A_CORE * cores))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the test ids
