@@ -10,6 +10,10 @@ below it, the size of a mid-epoch state and the time to take one.
 * ``bare json + bytes``: open each file, ``json.loads`` each line, ``list(text.encode())[:1024]``
   (issue 18's reference loop);
 * ``bare orjson + bytes``: the same with ``orjson.loads`` (what the graph parses with);
+* ``bare json + bytes + buckets + pad``: text.yaml's work (shuffle window, length buckets
+  under the token budget, padding to int64 with lengths and mask) as a plain loop a user who
+  knows numpy would write, without provenance, state or error handling (``bare_buckets``):
+  how much of the gap to the bare loop is the work itself;
 * ``graph: specs/text.yaml``: a fresh ``load_graph`` each round, iterated to the end of each
   epoch (files, shard, read, shuffle, tokenize, bucket_batch, pad_collate, prefetch). This
   consumer takes each batch and comes straight back, so prefetch's ``adapt`` parks its thread
@@ -85,6 +89,70 @@ def bare_bytes(paths: list[str], epochs: int, loads: Callable[[bytes], Any]) -> 
                 for line in f:
                     ids = list(loads(line)["text"].encode())[:MAX_LENGTH]
                     n += ids is not None
+    return n
+
+
+def bare_buckets(paths: list[str], epochs: int, seed: int = 0) -> int:
+    """text.yaml's work as a user would write it who knows numpy, for scale: json.loads each
+    line of the files (in a seeded random order each epoch), a shuffle window of the spec's
+    size, the UTF-8 bytes cut at 1,024, a bucket per length boundary of the spec's whose batch
+    is cut when one more text would pass ``max_tokens`` after padding to a multiple of 8, and
+    each batch padded into an int64 tensor with its lengths and an int64 attention mask. No
+    provenance, no state, no sorting pool, no skip or error handling; records in batches made
+    (the buckets' tails included)."""
+    import bisect
+    import random
+
+    import numpy as np
+    import torch
+
+    doc = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    bounds = doc["nodes"]["batch"]["boundaries"]
+    budget, window = int(doc["params"]["max_tokens"]), int(doc["nodes"]["shuffle"]["size"])
+
+    def collate(texts: list[bytes]) -> int:
+        lengths = np.fromiter(map(len, texts), np.int64, len(texts))
+        longest = int(lengths.max())
+        longest += -longest % 8
+        mask = np.arange(longest) < lengths[:, None]
+        ids = np.zeros((len(texts), longest), np.int64)
+        ids[mask] = np.frombuffer(b"".join(texts), np.uint8)
+        batch = {"input_ids": torch.from_numpy(ids), "lengths": torch.from_numpy(lengths),
+                 "attention_mask": torch.from_numpy(mask.astype(np.int64))}
+        return batch["input_ids"].shape[0]
+
+    n = 0
+    for epoch in range(epochs):
+        rng = random.Random(seed * 1000 + epoch)
+        order = list(paths)
+        rng.shuffle(order)
+        buckets: list[list[bytes]] = [[] for _ in bounds]
+        pool: list[bytes] = []
+
+        def add(text: bytes) -> int:
+            b = min(bisect.bisect_left(bounds, len(text)), len(bounds) - 1)
+            bucket = buckets[b]
+            bucket.append(text)
+            top = bounds[b] + (-bounds[b] % 8)
+            if (len(bucket) + 1) * top > budget:
+                buckets[b] = []
+                return collate(bucket)
+            return 0
+
+        for p in order:
+            with open(p, "rb") as f:
+                for line in f:
+                    text = json.loads(line)["text"].encode()[:MAX_LENGTH]
+                    if len(pool) < window:
+                        pool.append(text)
+                        continue
+                    i = rng.randrange(window)
+                    pool[i], text = text, pool[i]
+                    n += add(text)
+        rng.shuffle(pool)
+        for text in pool:
+            n += add(text)
+        n += sum(collate(b) for b in buckets if b)
     return n
 
 
@@ -470,10 +538,13 @@ def main(argv: list[str] | None = None) -> int:
     contenders: dict[str, Callable[[], dict[str, float]]] = {
         "bare json + bytes": timed(lambda: bare_bytes(paths, e, json.loads)),
         "bare orjson + bytes": timed(lambda: bare_bytes(paths, e, orjson.loads)),
+        "bare json + bytes + buckets + pad": timed(lambda: bare_buckets(paths, e)),
         "graph: text.yaml": lambda: graph(Path(args.spec), e, args.root),
         "graph: text.yaml, prefetch adapt: false": lambda: graph(threaded, e, args.root),
     }
     pairs = [("graph: text.yaml", "bare json + bytes"), ("graph: text.yaml", "bare orjson + bytes"),
+             ("graph: text.yaml", "bare json + bytes + buckets + pad"),
+             ("bare json + bytes + buckets + pad", "bare json + bytes"),
              ("graph: text.yaml, prefetch adapt: false", "bare json + bytes")]
     if args.step:  # a consumer with a GIL-free step: prefetch's thread must still overlap with it
         step = args.step / 1e3
