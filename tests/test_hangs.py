@@ -210,6 +210,48 @@ def test_worker_processes_end_when_the_main_process_is_killed(write_spec) -> Non
         main.stdout.close()
 
 
+LATE_WATCH = """
+import os, sys, time
+sys.path.insert(0, %r)
+main = os.getpid()
+child = os.fork()
+if child == 0:  # a worker that reaches its watch only after the main process died
+    while os.getppid() == main:
+        time.sleep(0.01)
+    from conveyor.nodes._workers.parent_watch import watch_parent
+    watch_parent(main, what="late worker", from_main_thread=False)
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(120)
+""" % str(ROOT)
+
+
+def test_a_worker_whose_watch_begins_after_the_main_process_died_ends_too() -> None:
+    """The race of a fork that runs late on a busy machine: the worker is re-parented before
+    its watch begins, and the dead main process stays a zombie until whoever started it reaps
+    it (here this test, which does so only at the end): the worker must end all the same."""
+    import os
+    import signal
+
+    import pytest
+
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("a zombie is told from a live process by Linux's /proc only")
+    main = subprocess.Popen([sys.executable, "-c", LATE_WATCH], stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        worker = int(main.stdout.readline().split()[0])
+        main.send_signal(signal.SIGKILL)
+        assert _wait_until(lambda: _gone(worker), timeout=20), f"worker {worker} outlived its main process"
+    finally:
+        if worker is not None and not _gone(worker):
+            os.kill(worker, signal.SIGKILL)
+        main.kill()
+        main.wait(timeout=10)
+        main.stdout.close()
+
+
 # ----- a stopped worker process: the watchdog says where, close() does not wait for it ------
 
 STOPPABLE_SPEC = f"""

@@ -10,8 +10,14 @@ worker end with its parent in two ways:
   for when that thread is the main thread: a worker started from a thread that ends before
   the loader does would be killed with it.
 - everywhere, a daemon thread that looks every ``POLL`` seconds whether the parent changed
-  (``os.getppid()``: a re-parented process has a new one) and ends the process if so; the
-  workers' own waits ask ``Parent.gone()`` too.
+  (``os.getppid()``: a re-parented process has a new one) or the main process has ended (no
+  such pid, or a zombie nobody has reaped yet), and ends the process if so; the workers' own
+  waits ask ``Parent.gone()`` too.
+
+A worker can reach its watch after the main process died (a fork that ran late on a busy
+machine): it is re-parented by then, so the parent it sees at start is already the new one.
+The main process then counts as ended when its pid is gone *or a zombie*: the kernel
+re-parents the children when a process dies, before whoever started it reaps it.
 """
 
 from __future__ import annotations
@@ -57,14 +63,20 @@ def _pdeathsig() -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
+def _ended(pid: int) -> bool:
+    """``pid`` has ended: no such process, or a zombie (dead, not reaped yet; Linux's /proc
+    says so, elsewhere a zombie counts as alive and the parent check must see the death)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
-    except PermissionError:
         return True
-    return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _exit(what: str, parent: Parent) -> None:
@@ -74,7 +86,7 @@ def _exit(what: str, parent: Parent) -> None:
 
 
 def _watch(what: str, parent: Parent) -> None:
-    while not parent.gone():
+    while not parent.gone() and not _ended(parent.pid):
         time.sleep(POLL)
     _exit(what, parent)
 
@@ -91,7 +103,7 @@ def watch_parent(pid: int, *, what: str, from_main_thread: bool) -> Parent:
     if from_main_thread:
         _pdeathsig()
     parent = Parent(pid)
-    if parent.ppid != pid and not _alive(pid):  # it died before the watch began
+    if parent.ppid != pid and _ended(pid):  # it died before the watch began (re-parented already)
         _exit(what, parent)
     threading.Thread(target=_watch, args=(what, parent), name="conveyor-parent-watch", daemon=True).start()
     return parent
