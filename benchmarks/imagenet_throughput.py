@@ -861,8 +861,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.targets:
         if a.quick:
-            a.count, a.rounds, a.epochs, a.mem_epochs, a.quiet_wait, a.batch_size = 96, 1, 2, 2, 0.0, 8
-            a.large_count, a.large_repeat, a.large_wh, a.large_batch = 4, 6, "1200x800", 2
+            a.count, a.rounds, a.epochs, a.mem_epochs, a.quiet_wait, a.batch_size = 48, 1, 2, 2, 0.0, 8
+            a.large_count, a.large_repeat, a.large_wh, a.large_batch = 4, 3, "1200x800", 2
+            a.dl_workers = "2" if a.dl_workers == "0,1,2,4" else a.dl_workers  # (4 is the same path)
         # 5 rounds of the ImageNet-sized part: one contender's rate moves by up to ~10 % between
         # rounds on a shared host, and the median of 5 per-round ratios moves less than of 3
         a.large_rounds = a.rounds or 3
