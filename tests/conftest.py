@@ -100,8 +100,8 @@ def pytest_collection_modifyitems(config, items) -> None:
 def pytest_collection_finish(session) -> None:
     """In an xdist worker under ``--dist loadgroup``: warn when the groups did not reach the
     test ids (xdist adds ``@<group>`` to them; under pytest 9.2 with pytest-xdist 3.8 it cannot),
-    since each module fixture is then set up once a worker (the Ray cluster, a torchrun job:
-    the suite ran 12 min in place of 9 beside two busy loops)."""
+    since each module fixture is then set up once a worker (seen on 4 Dec 2026 in a fresh venv:
+    tests/test_ray.py's cluster started in each of the four workers)."""
     import warnings
 
     if not hasattr(session.config, "workerinput") or not session.config.getvalue("loadgroup"):
