@@ -107,7 +107,7 @@ def pytest_collection_finish(session) -> None:
     if not hasattr(session.config, "workerinput") or not session.config.getvalue("loadgroup"):
         return
     lost = [item.nodeid for item in session.items
-            if any(True for _ in item.iter_markers("xdist_group")) and "@" not in item.nodeid]
+            if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid]
     if lost:
         warnings.warn(pytest.PytestWarning(
             f"--dist loadgroup did not group {len(lost)} tests (e.g. {lost[0]}): this pytest and "

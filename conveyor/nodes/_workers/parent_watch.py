@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 
+from conveyor.nodes._workers.child_processes import state
+
 log = logging.getLogger(__name__)
 
 POLL = 0.5
@@ -72,11 +74,7 @@ def _ended(pid: int) -> bool:
         return True
     except PermissionError:
         return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return False
+    return state(pid) == "Z"
 
 
 def _exit(what: str, parent: Parent) -> None:
