@@ -242,6 +242,33 @@ def test_light_calls_are_timed_in_sampled_groups_with_unbiased_weights(monkeypat
     assert (outer.seconds - inner.seconds) / outer.seconds == pytest.approx(1 / 3, rel=1e-6)
 
 
+
+def test_nodes_that_move_to_another_thread_mid_epoch_are_timed_there(monkeypatch):
+    # prefetch moves what is above it between its thread and the caller's mid-epoch (adapt):
+    # the nodes follow into the thread they run in now, and are timed there as before
+    import threading
+
+    outer, inner = _ticking_chain(monkeypatch, 20_000)
+    it = iter(outer)
+    assert sum(1 for _ in zip(range(10_000), it)) == 10_000
+    here = threading.get_ident()
+    assert outer.tid == inner.tid == here and inner in outer._group
+    seen: dict = {}
+
+    def elsewhere():
+        seen["n"] = sum(1 for _ in it)
+        seen["tids"] = (threading.get_ident(), outer.tid, inner.tid, inner in outer._group)
+
+    t = threading.Thread(target=elsewhere)
+    t.start()
+    t.join()
+    tid, outer_tid, inner_tid, grouped = seen["tids"]
+    assert seen["n"] == 10_000 and outer_tid == inner_tid == tid != here and grouped
+    assert outer.seconds == pytest.approx(20_000 * 3e-6, rel=0.15)
+    assert inner.seconds == pytest.approx(20_000 * 2e-6, rel=0.15)
+    # still timed over the same calls after the move: the outer node's own time is a third
+    assert (outer.seconds - inner.seconds) / outer.seconds == pytest.approx(1 / 3, rel=1e-3)
+
 def test_with_a_watcher_every_call_is_timed(monkeypatch):
     outer, inner = _ticking_chain(monkeypatch, 5_000)
     seen = []

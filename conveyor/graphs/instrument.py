@@ -50,6 +50,7 @@ from conveyor.graphs.probes import Work, queue_probe, time_map_fn
 from conveyor.nodes import pull
 
 _clock = time.perf_counter
+_get_ident = threading.get_ident
 _QUEUE_EVERY = 4  # a buffered node samples its queue on every 4th timed call
 # an outermost node times its first calls (the warm-up), then one in "every", at
 _TARGET = 0.005   # random, with the calls it makes in its thread, weighted by "every": as
@@ -84,9 +85,10 @@ def _dispatch(c: "Counted", item: Any, t0: float, t1: float) -> None:
 class _Cell:
     """Per thread: the outermost ``Counted`` running in it now, and how its call is timed."""
 
-    __slots__ = ("root", "weight", "nested")
+    __slots__ = ("tid", "root", "weight", "nested")
 
-    def __init__(self) -> None:
+    def __init__(self, tid: int) -> None:
+        self.tid = tid
         self.root: Counted | None = None
         self.weight = 1.0
         self.nested = 0  # timed calls made inside the root's current call
@@ -267,16 +269,31 @@ class Counted(BaseNode):
             return item
 
     def _place(self) -> _Cell | None:
-        """Note the thread this node runs in (not while a reset pulls from it)."""
+        """Note the thread this node runs in (not while a reset pulls from it). A node placed
+        in another thread before (a prefetch that moved between its thread and the caller's
+        mid-epoch, nodes/prefetch.py) leaves its group first: it and the nodes it ran are
+        placed anew where they run now, as after a reset (each thread times its own calls)."""
         if getattr(_resetting, "depth", 0):
             return None  # pulled by a consumer's reset (a shuffle filling its window)
+        if self._cell is not None:
+            self._leave()
         tid = threading.get_ident()
         self.tid = tid
         cell = _cells.get(tid)
         if cell is None:
-            cell = _cells.setdefault(tid, _Cell())
+            cell = _cells.setdefault(tid, _Cell(tid))
         self._cell = cell
         return cell
+
+    def _leave(self) -> None:
+        """Undo this node's placing, and that of the nodes whose calls it timed as their root."""
+        for c in self._group:
+            if c._root is self:
+                c._unplace()
+        root = self._root
+        if root is not None and self in root._group:
+            root._group.remove(self)
+        self._unplace()
 
     def _measured(self, many: int = 0) -> Any:
         if not self._BaseNode__initialized:  # type: ignore[attr-defined]
@@ -284,7 +301,7 @@ class Counted(BaseNode):
         if self._probing:
             self._sample_queue()
         cell = self._cell
-        if cell is None:
+        if cell is None or cell.tid != _get_ident():
             cell = self._place()
             if cell is None:
                 return self._time_call(1.0, many)
