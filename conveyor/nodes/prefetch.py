@@ -27,11 +27,12 @@ launches and waits release the GIL, and the thread makes the next batch meanwhil
 that comes straight back for the next item (a loop that counts, a cache fill, a pass that
 only reads) waits on the thread every time, and each wait is two thread switches and two
 GIL passes: on this project's 2-core VM a text graph ran at ~0.75 of its speed without the
-node (benchmarks/text_throughput.py). So with ``adapt`` (the default) the node watches,
-over each ``WINDOW`` items, the consumer's time away (the median) against the time an item
-takes to make (the mean: a packer makes a pool's rows at once): away under ``TO_INLINE`` of it, the thread is parked after its current item (what it made is
-handed out first) and the items are made in the caller's thread, with nothing ahead; away
-over ``TO_THREAD`` of it, a thread is started again. The mode holds across epochs. Made
+node (benchmarks/text_throughput.py). So with ``adapt`` (the default) the node watches, over
+its first ``FIRST_WINDOW`` items and then over each ``WINDOW``, the consumer's time away (the
+median) against the time an item takes to make (the mean: a packer makes a pool's rows at
+once): away under ``TO_INLINE`` of it, the thread is parked after its current item (what it
+made is handed out first) and the items are made in the caller's thread, with nothing ahead;
+away over ``TO_THREAD`` of it, a thread is started again. The mode holds across epochs. Made
 inline, the state is the input's state taken when asked (nothing is ahead of the consumer),
 so a restore re-reads nothing. ``adapt: false`` keeps the thread always.
 """
@@ -55,6 +56,9 @@ _LOOK = 0.02        # seconds a waiting consumer sleeps before it takes what the
 _POLL = 0.5         # seconds between checks that the thread is still alive
 STOP_WAIT = 0.5     # seconds close() waits for a thread busy in its input before leaving it lingering
 WINDOW = 32         # items between two looks at which mode pays (adapt)
+FIRST_WINDOW = 8    # items before the node's first look: a consumer that comes straight back pays
+                    # the thread's switches for these only (text.yaml: its first 9 batches took
+                    # 5.2 ms made in the thread, 4.0 ms inline)
 TO_INLINE = 0.1     # the consumer's time away per item, as a share of an item's make time, under
 TO_THREAD = 0.25    # which items are made inline, and over which a thread is started again
 
@@ -188,6 +192,7 @@ class Prefetch(BaseNode):
         self._taken = 0
         self._made = 0
         self._make_s = 0.0
+        self._window = FIRST_WINDOW
 
     def close(self) -> None:
         self._closed = True
@@ -274,7 +279,7 @@ class Prefetch(BaseNode):
             self._aways.append(perf_counter() - back)
         item = self._next_inline() if self.inline else self._next_threaded()
         self._taken += 1
-        if self._taken >= WINDOW and self.adapt:
+        if self._taken >= self._window and self.adapt:
             self._look()
         self._back = perf_counter()
         return item
@@ -332,6 +337,7 @@ class Prefetch(BaseNode):
         away = aways[len(aways) // 2] if aways else 0.0  # the median: a consumer preempted now and
         make = make_s / made if made else 0.0             # then on a busy host still comes straight back
         self._aways, self._taken, self._made, self._make_s = [], 0, 0, 0.0
+        self._window = WINDOW
         if not make:
             return
         if not self.inline and not held.park and away < TO_INLINE * make:
