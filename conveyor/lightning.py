@@ -44,10 +44,33 @@ class ExactResume(Callback):
     ``state_dict``, in the order of its combined loader; the fetcher's read-ahead batches are
     ``trainer.fit_loop._data_fetcher.batches`` (Lightning 2.x). Where these are not found (another
     Lightning), it warns once and leaves the checkpoint as it is.
+
+    At the start of the fit and of each epoch it asks each conveyor loader of unknown length
+    to keep the states from before its last ``KEEP`` batches (``Loader.keep_behind``): the
+    fetcher holds one. (The state from before an epoch's first batch, which the fetcher takes
+    before these hooks run, every loader keeps.)
     """
+
+    KEEP = 2  # batches whose states are kept: Lightning's fetcher reads 1 ahead
 
     def __init__(self) -> None:
         self._warned = False
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._keep(trainer)
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._keep(trainer)  # (loaders made again: reload_dataloaders_every_n_epochs)
+
+    def _keep(self, trainer: Any) -> None:
+        try:
+            loaders = list(trainer.fit_loop._combined_loader.flattened)
+        except (AttributeError, TypeError):
+            self._warn("this Lightning keeps its loaders elsewhere")
+            return
+        for dl in loaders:
+            if isinstance(dl, Loader) and dl._known_length() is None:
+                dl.keep_behind(self.KEEP)
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         loop = trainer.fit_loop

@@ -358,20 +358,27 @@ def test_state_dict_behind_is_the_state_from_before_the_last_batches(tmp_path):
                     .replace("  batch:", "  keep:    {op: filter, fn: chain_fns:keep_two_of_three}\n  batch:"))
     with load_graph(spec, batch_size=4) as loader:
         with pytest.raises(TypeError):
-            len(loader)  # unknown: the loader keeps the states from before its last two batches
+            len(loader)  # unknown: Lightning would read ahead, and ExactResume asks for two states
+        loader.keep_behind(2)
         it = iter(loader)
         states, batches = [], []
         for _ in range(4):
             states.append(loader.state_dict())
             batches.append(next(it)["index"].tolist())
         assert loader.state_dict(behind=1) == states[3] and loader.state_dict(behind=2) == states[2]
-        with pytest.raises(ValueError, match="keeps the states from before the last 2"):
+        with pytest.raises(ValueError, match=r"the states from before the last 2 batch.*keep_behind\(3\)"):
             loader.state_dict(behind=3)
         saved = json.loads(json.dumps(loader.state_dict(behind=1)))
     with load_graph(spec, batch_size=4) as again:
         again.load_state_dict(saved)
         assert next(iter(again))["index"].tolist() == batches[3]
-    with load_graph(NUMBERS, batch_size=4) as known:  # len() known: nobody reads ahead, none kept
-        next(iter(known))
+    with load_graph(NUMBERS, batch_size=4) as plain:  # not asked: only the state before the first batch
+        it = iter(plain)
+        start = plain.state_dict()
+        next(it)
+        assert plain.state_dict(behind=1) == start
+        next(it)
         with pytest.raises(ValueError, match="last 0 batch"):
-            known.state_dict(behind=1)
+            plain.state_dict(behind=1)
+        with pytest.raises(ValueError, match="keep_behind: batches=-1"):
+            plain.keep_behind(-1)

@@ -126,7 +126,7 @@ class Loader:
         return EpochIterator(self, self._epochs.begin_iter(self._known_length))
 
     def _next(self, generation: int) -> Any:
-        return self._epochs.next(generation, self._known_length)
+        return self._epochs.next(generation)
 
     def peek(self) -> Any:
         """The batch the loader gives next, without taking it.
@@ -151,6 +151,26 @@ class Loader:
         return self._epochs.peek()
 
     # ----- state --------------------------------------------------------------------------
+    def keep_behind(self, batches: int) -> None:
+        """Keep the states from before the last ``batches`` batches of each epoch, for
+        ``state_dict(behind=...)``: for a consumer that reads batches ahead of its training step
+        (:class:`conveyor.lightning.ExactResume` asks for 2). Each kept state is taken before
+        its batch (microseconds: a few per cent of a text graph's time), so none is kept unless
+        asked, but the state from before an epoch's first batch.
+
+        Args:
+            batches: how many, >= 0 (0: none but the first batch's).
+
+        Example:
+            >>> loader.keep_behind(1)                    # doctest: +SKIP
+            >>> it = iter(loader); ahead = next(it)      # doctest: +SKIP
+            >>> loader.state_dict(behind=1)              # doctest: +SKIP  # from before `ahead`
+        """
+        self._check_open()
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+            raise ValueError(f"keep_behind: batches={batches!r} must be an int >= 0")
+        self._epochs.keep_behind(batches)
+
     def state_dict(self, *, behind: int = 0) -> dict[str, Any]:
         """Where the loader is, as plain data; cheap enough for every step.
 
@@ -163,7 +183,7 @@ class Loader:
             behind: the state from before the last ``behind`` batches of the current epoch, for
                 a consumer that has taken batches it has not used yet (Lightning reads one ahead
                 of the training step when ``len()`` is unknown: :class:`conveyor.lightning.ExactResume`).
-                Kept for the last two batches of an epoch where ``len()`` is unknown.
+                Kept for as many batches as ``keep_behind`` asked, and for an epoch's first.
 
         Raises:
             ValueError: ``behind`` is more batches than the loader kept.
