@@ -22,7 +22,7 @@ from conveyor.graphs.instrument import Counted
 from conveyor.nodes.capabilities import take, take_exactly
 from conveyor.nodes.list_files import ListFiles
 from conveyor.nodes.map_batches import MapBatches
-from conveyor.nodes.prefetch import WINDOW, Prefetch
+from conveyor.nodes.prefetch import FIRST_WINDOW, WINDOW, Prefetch
 from conveyor.nodes.read_jsonl import ReadJsonl
 from conveyor.nodes.shuffle_buffer import ShuffleBuffer
 from conveyor.text import byte_tokenize
@@ -209,7 +209,7 @@ def _whole(node: BaseNode) -> list:
 def test_prefetch_holds_back_no_item_while_it_waits_for_the_consumer() -> None:
     # depth 4: the thread makes 4 items and then waits for a credit; all 4 must be in the
     # queue by then (a list it kept back would wait on a consumer that waits on it)
-    node = Prefetch(IterableWrapper(range(10)), depth=4)
+    node = Prefetch(IterableWrapper(range(10)), depth=4, adapt=False)
     node.reset()
     try:
         deadline = time.monotonic() + 10
@@ -263,31 +263,36 @@ def test_a_consumer_that_comes_straight_back_gets_its_items_made_inline(no_new_t
     n = 4 * WINDOW
     node = Prefetch(_Slow(n, 0.003), depth=4)  # (a busy host's hiccups stay under 10 % of it)
     node.reset()
-    assert not node.inline and _threads()  # it starts with a thread: nothing is known yet
+    assert node.inline and not _threads()  # nothing is known yet: made in the caller's thread
     got = list(node)
     assert got == list(range(n))
-    assert node.inline and node.switches == 1
-    assert node.stats() == {"made_in": "caller", "mode_switches": 1}
-    assert not _threads()  # parked: the thread ended after handing out what it had made
-    node.reset()  # the mode holds across epochs: no thread is started
+    assert node.inline and node.switches == 0 and not _threads()
+    assert node.stats() == {"made_in": "caller", "mode_switches": 0}
+    node.reset()  # the mode holds across epochs
     assert node.inline and not _threads()
     assert list(node) == list(range(n))
     node.close()
 
 
-def test_a_consumer_away_between_items_keeps_the_thread_or_gets_it_back(no_new_threads) -> None:
+def test_a_consumer_away_between_items_gets_a_thread_and_gives_it_back(no_new_threads) -> None:
     n = 6 * WINDOW
     node = Prefetch(_Slow(n, 0.0005), depth=4)
     node.reset()
-    got = [next(node) for _ in range(2 * WINDOW + 2)]  # straight back: inline
-    assert node.inline
-    for _ in range(2 * WINDOW):
+    got = []
+    for _ in range(FIRST_WINDOW + 2):
         got.append(next(node))
         time.sleep(0.01)  # a training step: twenty times an item's make time
-    assert not node.inline and node.switches == 2 and _threads()
+    assert not node.inline and node.switches == 1 and _threads()  # a thread from the first look on
+    got += [next(node) for _ in range(2 * WINDOW + 2)]  # straight back: the thread is parked
+    assert node.inline and node.switches == 2 and not _threads()
+    for _ in range(WINDOW + 2):
+        got.append(next(node))
+        time.sleep(0.01)
+    assert not node.inline and node.switches == 3 and _threads()  # and started again
     got += list(node)
     assert got == list(range(n))
     node.close()
+    assert not _threads()
 
 
 def test_adapt_false_keeps_the_thread() -> None:
@@ -301,18 +306,18 @@ def test_adapt_false_keeps_the_thread() -> None:
         Prefetch(_Slow(1, 0), adapt="yes")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("pause_from", [None, WINDOW + 3])
-def test_resume_from_every_step_across_the_switches(pause_from: int | None) -> None:
-    # one run whose mode switches (to inline after the first window; back to a thread where
-    # the consumer starts pausing), its state taken (through JSON) after every item: each
-    # restores, in a fresh node, to exactly the rest of the items
+@pytest.mark.parametrize("paused", [(0, FIRST_WINDOW + 3), (WINDOW + 3, 3 * WINDOW)])
+def test_resume_from_every_step_across_the_switches(paused: tuple[int, int]) -> None:
+    # one run whose mode switches (to a thread while the consumer pauses between items, back
+    # inline where it comes straight back), its state taken (through JSON) after every item:
+    # each restores, in a fresh node, to exactly the rest of the items
     n = 3 * WINDOW
     node = Prefetch(_Slow(n, 0.0005), depth=3)
     node.reset()
     states, got = [json.loads(json.dumps(node.state_dict()))], []
     for i in range(n):
         got.append(next(node))
-        if pause_from is not None and i >= pause_from:
+        if paused[0] <= i < paused[1]:
             time.sleep(0.01)
         states.append(json.loads(json.dumps(node.state_dict())))
     assert got == list(range(n)) and node.switches >= 1

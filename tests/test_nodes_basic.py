@@ -652,7 +652,7 @@ def test_prefetch_yields_everything_in_order_and_resumes(no_new_threads):
 
 def test_prefetch_close_stops_its_thread_at_once():
     before = set(threading.enumerate())
-    node = Prefetch(IterableWrapper(range(100)), depth=2)
+    node = Prefetch(IterableWrapper(range(100)), depth=2, adapt=False)
     node.reset()
     next(node)
     assert len(set(threading.enumerate()) - before) == 1

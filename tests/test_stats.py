@@ -77,8 +77,12 @@ def test_state_is_the_same_with_and_without_instrumentation(monkeypatch):
     assert states() == timed
 
 
-def test_stats_have_perf_for_every_node_as_plain_data():
-    with load_graph(NUMBERS) as loader:
+@pytest.mark.parametrize("adapt", [False, True])
+def test_stats_have_perf_for_every_node_as_plain_data(tmp_path, adapt):
+    spec = tmp_path / "numbers.yaml"
+    spec.write_text(NUMBERS.read_text().replace("${spec_dir}/../examples", str(REPO / "examples"))
+                    .replace("{op: prefetch, depth: 2}", f"{{op: prefetch, depth: 2, adapt: {str(adapt).lower()}}}"))
+    with load_graph(spec) as loader:
         for _ in loader:
             pass
         stats = loader.stats()
@@ -93,10 +97,15 @@ def test_stats_have_perf_for_every_node_as_plain_data():
             assert p[k] is None or 0.0 <= p[k] <= 1.05, (name, k, p[k])
     assert nodes["parse"]["perf"]["runs"] == "2 thread workers" and nodes["parse"]["perf"]["threads"] == 2
     assert nodes["parse"]["perf"]["queue"]["capacity"] == 16  # 8 in flight per ordered thread
-    assert nodes["out"]["perf"]["busy"] is None  # a prefetch only moves items
-    assert nodes["out"]["perf"]["queue"]["capacity"] == 2 and nodes["out"]["perf"]["queue"]["samples"] >= 1
-    # its thread waits for collate (how much depends on how busy the machine is: only measured)
-    assert 0.0 < nodes["out"]["perf"]["wait"] <= 1.05
+    if adapt:  # this loop comes straight back for each batch: they are made in the caller's thread
+        assert loader.nodes["out"].inline
+        assert nodes["out"]["perf"]["thread"] == nodes["collate"]["perf"]["thread"] == "out"
+        assert nodes["out"]["perf"]["busy"] is not None  # its own time: its input runs in its thread
+    else:
+        assert nodes["out"]["perf"]["busy"] is None  # a prefetch with its thread only moves items
+        assert nodes["out"]["perf"]["queue"]["capacity"] == 2 and nodes["out"]["perf"]["queue"]["samples"] >= 1
+        # its thread waits for collate (how much depends on how busy the machine is: only measured)
+        assert 0.0 < nodes["out"]["perf"]["wait"] <= 1.05
     assert 0 < stats["data_wait_s"] <= stats["seconds"] + 0.5
     assert nodes["batch"]["items"] == 5
 

@@ -42,13 +42,14 @@ def test_run_trace_has_a_span_per_node_call(tmp_path, capsys, monkeypatch):
     assert counts["files"] == counts["parse"] == counts["parse.fn"] == 80  # 40 files x 2 epochs
     assert counts["batch"] == counts["collate"] == counts["out"] == 10
     assert {s["args"]["op"] for s in spans if s["name"] == "shuffle"} == {"shuffle_buffer"}
-    # the prefetch thread runs collate, which calls batch: batch spans nest in collate spans
+    # collate calls batch: batch spans nest in collate spans
     by_tid: dict[int, list[dict]] = {}
     for s in spans:
         by_tid.setdefault(s["tid"], []).append(s)
     collate_tids = {s["tid"] for s in spans if s["name"] == "collate"}
     out_tids = {s["tid"] for s in spans if s["name"] == "out"}
-    assert collate_tids.isdisjoint(out_tids)  # a background thread, not the caller's
+    # the run comes straight back for each batch: prefetch makes them in the caller's thread
+    assert collate_tids == out_tids and len(out_tids) == 1
     nested = 0
     for tid in collate_tids:
         for c in (s for s in by_tid[tid] if s["name"] == "collate"):

@@ -27,14 +27,18 @@ launches and waits release the GIL, and the thread makes the next batch meanwhil
 that comes straight back for the next item (a loop that counts, a cache fill, a pass that
 only reads) waits on the thread every time, and each wait is two thread switches and two
 GIL passes: on this project's 2-core VM a text graph ran at ~0.75 of its speed without the
-node (benchmarks/text_throughput.py). So with ``adapt`` (the default) the node watches, over
-its first ``FIRST_WINDOW`` items and then over each ``WINDOW``, the consumer's time away (the
-median) against the time an item takes to make (the mean: a packer makes a pool's rows at
-once): away under ``TO_INLINE`` of it, the thread is parked after its current item (what it
-made is handed out first) and the items are made in the caller's thread, with nothing ahead;
-away over ``TO_THREAD`` of it, a thread is started again. The mode holds across epochs. Made
-inline, the state is the input's state taken when asked (nothing is ahead of the consumer),
-so a restore re-reads nothing. ``adapt: false`` keeps the thread always.
+node (benchmarks/text_throughput.py). So with ``adapt`` (the default) the node starts by making
+the items in the caller's thread, nothing ahead, and watches, over its first ``FIRST_WINDOW``
+items and then over each ``WINDOW``, the consumer's time away (the median) against the time
+an item takes to make (the mean: a packer makes a pool's rows at once): away over
+``TO_THREAD`` of it, a thread is started; away under ``TO_INLINE`` of it, the thread is parked
+after its current item (what it made is handed out first) and the items are made inline
+again. The mode holds across epochs. A trainer thus waits for its first ``FIRST_WINDOW``
+batches as they are made (their make time, once in the loader's life); a consumer that comes
+straight back never pays for a thread (a thread that started first and was parked after 8
+items had cost pretrain.yaml's first epoch 5-18 ms, a tenth of a 3-epoch run). Made inline,
+the state is the input's state taken when asked (nothing is ahead of the consumer), so a
+restore re-reads nothing. ``adapt: false`` keeps the thread always.
 """
 
 from __future__ import annotations
@@ -56,9 +60,7 @@ _LOOK = 0.02        # seconds a waiting consumer sleeps before it takes what the
 _POLL = 0.5         # seconds between checks that the thread is still alive
 STOP_WAIT = 0.5     # seconds close() waits for a thread busy in its input before leaving it lingering
 WINDOW = 32         # items between two looks at which mode pays (adapt)
-FIRST_WINDOW = 8    # items before the node's first look: a consumer that comes straight back pays
-                    # the thread's switches for these only (text.yaml: its first 9 batches took
-                    # 5.2 ms made in the thread, 4.0 ms inline)
+FIRST_WINDOW = 8    # items before the node's first look: a trainer waits for these as they are made
 TO_INLINE = 0.1     # the consumer's time away per item, as a share of an item's make time, under
 TO_THREAD = 0.25    # which items are made inline, and over which a thread is started again
 
@@ -185,7 +187,7 @@ class Prefetch(BaseNode):
         self._held = _Held()
         # adapt: the mode, the mode the next reset starts in, and this window's figures
         self.inline = False
-        self._prefer_inline = False
+        self._prefer_inline = adapt  # nothing is known yet: made inline until a look says a thread pays
         self.switches = 0
         self._back: float | None = None  # when the consumer last got an item
         self._aways: list[float] = []    # its time away before each item of this window
@@ -288,8 +290,13 @@ class Prefetch(BaseNode):
         t0 = perf_counter()
         try:
             item = next(self.source)
-        except BaseException:  # the end, or the input's error as itself: this epoch is over
+        except StopIteration:
             self._done = True
+            raise
+        except BaseException:  # the input's error as itself: this epoch is over
+            self._done = True
+            if self._closed:  # closed meanwhile (by another thread): the error is the closing's (a
+                raise StopIteration from None  # map told it was closed), as with the thread
             raise
         self._make_s += perf_counter() - t0
         self._made += 1
