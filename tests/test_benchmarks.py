@@ -46,6 +46,8 @@ RUNS = {
     "s3_stalls": (["--copies", "2", "--window", "64", "--epochs", "1"], "window-boundary median"),
     "stats_overhead": (["--quick"], "|---"),
     "profiler_check": (["--items", "200", "--rounds", "1"], "difference: median"),
+    "checkouts_ab": (["--a", str(ROOT), "--b", str(ROOT), "--pairs", "1", "--loaders", "1", "--epochs", "1"],
+                     "B / A per pair"),
 }
 
 
