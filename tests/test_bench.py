@@ -51,39 +51,28 @@ def test_bench_names_the_planted_bottleneck(slow, write_spec):
     assert result.drive.samples > 0 and result.drive.seconds >= SECONDS
 
 
-def _shared_thread_spec(write_spec, adapt: bool) -> Path:
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("adapt", [False, True])
+def test_a_thread_shared_by_slow_nodes_is_named(write_spec, adapt):
     # two maps over batches, 12 ms each, both above the prefetch: neither passes half the
-    # time, together they fill the thread they run in
+    # time, together they fill the thread they run in. With adapt: false that is prefetch's
+    # thread (a trainer away between batches keeps it too); with adapt the bench's consumer
+    # comes straight back, the batches are made in its thread, and the bench names that one
     text = planted_spec(collate="planted_fns:slow", collate_args="{ms: 12}",
                         before_out='  pin:     {op: map, fn: "planted_fns:slow", args: {ms: 12}}')
     if not adapt:
         text = text.replace("{op: prefetch, depth: 2}", "{op: prefetch, depth: 2, adapt: false}")
-    return write_spec(text)
-
-
-@pytest.mark.timeout(60)
-def test_a_thread_shared_by_slow_nodes_is_named(write_spec):
-    # prefetch keeps its thread (adapt: false; a trainer away between batches keeps it too)
-    result = run_bench(check_spec(_shared_thread_spec(write_spec, adapt=False)), seconds=SECONDS, warmup=0.4)
-    assert result.bottleneck == "thread:pin", result.sentence
+    result = run_bench(check_spec(write_spec(text)), seconds=SECONDS, warmup=0.4)
+    last = "out" if adapt else "pin"  # the thread's last node names it
+    assert result.bottleneck == f"thread:{last}", result.sentence
     # decode's threads map; its input is read in the thread that asks it, so the thread's span
     # starts at whichever of decode's upstream nodes it was seen running (files are listed
     # rarely: within the timed window that may be shard or shuffle)
-    assert re.match(r"one thread runs (files|shard|shuffle) to pin and limits the graph: ", result.sentence), \
+    assert re.match(rf"one thread runs (files|shard|shuffle) to {last} and limits the graph: ", result.sentence), \
         result.sentence
-    assert "collate" in result.sentence and result.nodes["pin"]["perf"]["thread"] == "pin"
-    assert result.nodes["decode"]["perf"]["thread"] == "pin"  # its consumer's thread waits on it
-
-
-@pytest.mark.timeout(60)
-def test_a_prefetch_gone_inline_leaves_its_nodes_in_the_callers_thread(write_spec):
-    # the bench's consumer comes straight back: prefetch parks its thread after its first look
-    # (adapt) and the maps run in the caller's thread, which the bench then names
-    result = run_bench(check_spec(_shared_thread_spec(write_spec, adapt=True)), seconds=SECONDS, warmup=0.4)
-    assert result.bottleneck == "thread:out", result.sentence
-    assert re.match(r"one thread runs (files|shard|shuffle) to out and limits the graph: ", result.sentence), \
-        result.sentence
-    assert result.nodes["pin"]["perf"]["thread"] == result.nodes["collate"]["perf"]["thread"] == "out"
+    assert "collate" in result.sentence
+    assert result.nodes["pin"]["perf"]["thread"] == result.nodes["collate"]["perf"]["thread"] == last
+    assert result.nodes["decode"]["perf"]["thread"] == last  # its consumer's thread waits on it
 
 
 @pytest.mark.timeout(60)
