@@ -6,8 +6,8 @@ nothing: the next ``iter()`` takes the same epoch from where it stands. ``Epochs
 position over a ``GraphRun`` (conveyor/graphs/run.py): it starts and restores epochs, reads one
 batch ahead for ``peek()`` and after a restore (so that a state taken after an epoch's last
 batch resumes at the next epoch's first), keeps the rank states from before the last batches
-where a consumer that reads ahead asks (``keep_behind``, ``state_dict(behind=...)``), and ends an epoch where the ranks agree it ends
-(conveyor/graphs/even.py).
+where a consumer that reads ahead asks (``keep_behind``, ``state_dict(behind=...)``), and ends
+an epoch where the ranks agree it ends (conveyor/graphs/even.py).
 """
 
 from __future__ import annotations
