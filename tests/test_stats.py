@@ -251,7 +251,6 @@ def test_light_calls_are_timed_in_sampled_groups_with_unbiased_weights(monkeypat
     assert (outer.seconds - inner.seconds) / outer.seconds == pytest.approx(1 / 3, rel=1e-6)
 
 
-
 def test_nodes_that_move_to_another_thread_mid_epoch_are_timed_there(monkeypatch):
     # prefetch moves what is above it between its thread and the caller's mid-epoch (adapt):
     # the nodes follow into the thread they run in now, and are timed there as before
@@ -277,6 +276,7 @@ def test_nodes_that_move_to_another_thread_mid_epoch_are_timed_there(monkeypatch
     assert inner.seconds == pytest.approx(20_000 * 2e-6, rel=0.15)
     # still timed over the same calls after the move: the outer node's own time is a third
     assert (outer.seconds - inner.seconds) / outer.seconds == pytest.approx(1 / 3, rel=1e-3)
+
 
 def test_with_a_watcher_every_call_is_timed(monkeypatch):
     outer, inner = _ticking_chain(monkeypatch, 5_000)

@@ -277,7 +277,7 @@ class Counted(BaseNode):
             return None  # pulled by a consumer's reset (a shuffle filling its window)
         if self._cell is not None:
             self._leave()
-        tid = threading.get_ident()
+        tid = _get_ident()
         self.tid = tid
         cell = _cells.get(tid)
         if cell is None:
