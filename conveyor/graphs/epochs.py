@@ -180,8 +180,9 @@ class Epochs:
 
         The rank state from before it is kept where ``keep_behind`` asked, and before an epoch's
         first batch always (once an epoch: as good as free; a consumer that reads ahead may
-        have taken that batch before it could ask). Taking that state walks the graph: on
-        text.yaml, ~10 us a batch, 6 % of the loader's time where every batch paid it."""
+        have taken that batch before it could ask). Taking that state walks the graph: where
+        every batch paid it, it was much of what text.yaml's loader added over its nodes
+        (``benchmarks/text_throughput.py --breakdown``, docs/performance.md)."""
         if self.exhausted or not self.started or generation != self.generation:
             raise StopIteration
         before = self.rank_state() if self.keep or not self.yielded else None

@@ -35,8 +35,8 @@ an item takes to make (the mean: a packer makes a pool's rows at once): away ove
 after its current item (what it made is handed out first) and the items are made inline
 again. The mode holds across epochs. A trainer thus waits for its first ``FIRST_WINDOW``
 batches as they are made (their make time, once in the loader's life); a consumer that comes
-straight back never pays for a thread (a thread that started first and was parked after 8
-items had cost pretrain.yaml's first epoch 5-18 ms, a tenth of a 3-epoch run). Made inline,
+straight back never pays for a thread (one started first, then parked, had cost
+pretrain.yaml's loader its first epoch's start: ``benchmarks/checkouts_ab.py``). Made inline,
 the state is the input's state taken when asked (nothing is ahead of the consumer), so a
 restore re-reads nothing. ``adapt: false`` keeps the thread always.
 """
