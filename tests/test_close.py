@@ -53,6 +53,36 @@ def test_context_manager_closes_and_dropped_loader_is_closed_by_gc() -> None:
     assert _wait_for_threads(baseline) == []
 
 
+
+@pytest.mark.parametrize("spec, close", [("pretrain.yaml", True), ("text.yaml", True), ("text.yaml", False),
+                                         ("imagenet.yaml", True), ("imagenet.yaml", False)])
+def test_a_loader_let_go_frees_its_nodes_without_the_garbage_collector(spec: str, close: bool) -> None:
+    """Closed or only dropped, mid-epoch, a loader's nodes (their shuffle windows, bucket and
+    pack pools) go with its last reference: they are in no reference cycle. A cycle left them to
+    the collector's full passes, which a graph allocating numpy arrays seldom sets off: each fresh
+    pretrain.yaml loader kept ~15 MB more, and past ~8 of them first epochs ran 2-3 x slower."""
+    import gc
+    import weakref
+
+    baseline = {t.ident for t in threading.enumerate()}
+    gc.collect()
+    gc.disable()
+    try:
+        loader = load_graph(ROOT / "specs" / spec)
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        nodes = {name: weakref.ref(node) for name, node in loader.nodes.items()}
+        assert all(ref() is not None for ref in nodes.values())
+        if close:
+            loader.close()
+        del loader, it, _
+        assert _wait_for_threads(baseline) == []  # (a thread still running holds its node)
+        assert [name for name, ref in nodes.items() if ref() is not None] == []
+    finally:
+        gc.enable()
+
+
 DROP_MID_EPOCH = """
 import sys
 from conveyor import load_graph

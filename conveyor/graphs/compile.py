@@ -73,18 +73,19 @@ class Compiled:
 def topological(plan: Plan, output: str | None = None) -> list[str]:
     """Names of the nodes ``output`` (default: the plan's) depends on, inputs first."""
     order: list[str] = []
-    done: set[str] = set()
-
-    def visit(n: str) -> None:
-        if n in done:
-            return
-        for m in plan.nodes[n].inputs:
-            visit(m)
-        done.add(n)
-        order.append(n)
-
-    visit(output or plan.output)
+    _visit(plan, output or plan.output, set(), order)
     return order
+
+
+def _visit(plan: Plan, name: str, done: set[str], order: list[str]) -> None:
+    """Add ``name``'s inputs, then ``name``, to ``order`` (a function, not a closure that calls
+    itself: that makes a reference cycle, garbage for the collector on every compile)."""
+    if name in done:
+        return
+    for m in plan.nodes[name].inputs:
+        _visit(plan, m, done, order)
+    done.add(name)
+    order.append(name)
 
 
 def slabbed_maps(plan: Plan, names: list[str]) -> dict[str, int]:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import weakref
 from functools import partial
 from typing import Any, Callable
 
@@ -152,12 +153,14 @@ class Counted(BaseNode):
         self._outer_n = 0  # calls as an outermost node, over the node's life
         self._every = 1    # as an outermost node: time one call in this many (see _adapt)
         self._acc_calls, self._acc_seconds, self._acc_nested = 0, 0.0, 0
+        self._ref = weakref.ref(self)  # what the nodes of its group hold: a strong reference up the
+        # graph would make a cycle, and a closed loader's buffers would wait for a full garbage collection
         self._unplace()
 
     def _unplace(self) -> None:
         self._timed = True          # False: a sampled-out call of its group (the bare path)
         self._cell: _Cell | None = None
-        self._root: Counted | None = None    # the outermost node whose calls this one runs in
+        self._root: weakref.ref | None = None  # the outermost node whose calls this one runs in (its _ref)
         self._group: list[Counted] = []      # as an outermost node: the nodes its calls run
         self._group_timed = True
 
@@ -288,9 +291,9 @@ class Counted(BaseNode):
     def _leave(self) -> None:
         """Undo this node's placing, and that of the nodes whose calls it timed as their root."""
         for c in self._group:
-            if c._root is self:
+            if c._root is self._ref:
                 c._unplace()
-        root = self._root
+        root = self._root() if self._root is not None else None
         if root is not None and self in root._group:
             root._group.remove(self)
         self._unplace()
@@ -338,7 +341,7 @@ class Counted(BaseNode):
                 return item
             finally:
                 cell.root = None
-        if self._root is not root:  # first call inside this outermost node's calls
+        if self._root is not root._ref:  # first call inside this outermost node's calls
             self._join(root)
         weight = cell.weight
         if not weight:
@@ -377,9 +380,10 @@ class Counted(BaseNode):
         self._acc_calls, self._acc_seconds, self._acc_nested = 0, 0.0, 0
 
     def _join(self, root: "Counted") -> None:
-        if self._root is not None and self in self._root._group:
-            self._root._group.remove(self)
-        self._root = root
+        old = self._root() if self._root is not None else None
+        if old is not None and self in old._group:
+            old._group.remove(self)
+        self._root = root._ref
         root._group.append(self)
 
     def _time_call(self, weight: float, many: int = 0) -> Any:

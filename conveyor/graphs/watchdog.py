@@ -90,36 +90,41 @@ class Watchdog:
 
 
 def graph_report(compiled: Any) -> Callable[[float], str]:
-    """The ``report`` for a compiled graph: the chain of nodes from the output to its inputs."""
+    """The ``report`` for a compiled graph: the chain of nodes from the output to its inputs.
+    (No closure that calls itself: its cell would make a reference cycle holding every node,
+    and a closed loader's buffers would wait for the garbage collector's rare full passes.)"""
     plan, nodes = compiled.plan, compiled.nodes
     copies = getattr(plan, "copies", None)
     merged = copies.until if copies is not None and copies.count > 1 else None  # the copies merge there
 
-    def one(name: str) -> str:
-        counted = nodes[name]
-        inner = counted.inner
-        op = plan.nodes[name].op.name
-        kind = f"{op}, in worker copies up to here" if name == merged else op
-        text = f"'{name}' ({kind}, {counted.items} items)"
-        waiting_on = getattr(inner, "waiting_on", None)
-        said = waiting_on() if callable(waiting_on) else None
-        return f"{text}: {said}" if said else text
-
-    def chain(name: str, depth: int = 0) -> str:
-        text = one(name)
-        inputs = [i for i in plan.nodes[name].inputs if i in nodes]
-        if not inputs or depth > 64:
-            return text
-        if len(inputs) == 1:
-            return f"{text} <- {chain(inputs[0], depth + 1)}"
-        return f"{text} <- [" + "; ".join(chain(i, depth + 1) for i in inputs) + "]"
-
     def report(seconds: float) -> str:
         return (f"{plan.path}: no item has moved anywhere in the graph for {seconds:.0f} s while the "
-                f"caller waits for a batch; it waits on {chain(plan.output)} (spec key 'watchdog' "
-                "sets this delay)")
+                f"caller waits for a batch; it waits on {_chain(plan, nodes, merged, plan.output)} (spec key "
+                "'watchdog' sets this delay)")
 
     return report
+
+
+def _chain(plan: Any, nodes: dict, merged: str | None, name: str, depth: int = 0) -> str:
+    """``name`` and, after ``<-``, the chains of its inputs."""
+    text = _one(plan, nodes, merged, name)
+    inputs = [i for i in plan.nodes[name].inputs if i in nodes]
+    if not inputs or depth > 64:
+        return text
+    if len(inputs) == 1:
+        return f"{text} <- {_chain(plan, nodes, merged, inputs[0], depth + 1)}"
+    return f"{text} <- [" + "; ".join(_chain(plan, nodes, merged, i, depth + 1) for i in inputs) + "]"
+
+
+def _one(plan: Any, nodes: dict, merged: str | None, name: str) -> str:
+    """One node of the chain: its name, op, items so far and what it waits on, if it says."""
+    counted = nodes[name]
+    op = plan.nodes[name].op.name
+    kind = f"{op}, in worker copies up to here" if name == merged else op
+    text = f"'{name}' ({kind}, {counted.items} items)"
+    waiting_on = getattr(counted.inner, "waiting_on", None)
+    said = waiting_on() if callable(waiting_on) else None
+    return f"{text}: {said}" if said else text
 
 
 def graph_progress(compiled: Any) -> Callable[[], int]:
