@@ -16,8 +16,10 @@ own batches) and the copies' counts are summed where they merge.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from conveyor.graphs.compile import topological
 from conveyor.graphs.opspec import LengthRule, Where
 from conveyor.graphs.ops import BuildContext
 
@@ -44,36 +46,47 @@ def epoch_length(plan: Any, built: dict[str, Any], rank: int, world: int,
         UnknownLength: a node makes the count depend on the data; names it.
     """
     _check_knowable(plan, rank, world)  # before any listing: a reader after it decides anyway
-    sources: dict[str, int | None] = {}
+    return _Counts(plan, built, rank, world, copies, listings).count(plan.output, Where(rank, world), {})
 
-    def source_count(name: str) -> int | None:
-        if name not in sources:
-            node = built.get(name)
+
+class _Counts:
+    """The counting of one ``epoch_length`` call: each source's count, asked once. (Methods, not
+    closures that call themselves: their cells would make a reference cycle holding ``built``,
+    the loader's nodes, until a full garbage collection.)"""
+
+    def __init__(self, plan: Any, built: dict[str, Any], rank: int, world: int,
+                 copies: tuple[int, str] | None, listings: dict[str, dict] | None):
+        self.plan, self.built, self.rank, self.world = plan, built, rank, world
+        self.copies, self.listings = copies, listings or {}
+        self.sources: dict[str, int | None] = {}
+
+    def source_count(self, name: str) -> int | None:
+        if name not in self.sources:
+            node = self.built.get(name)
             if node is None:  # built only inside the worker copies: build one here to count
-                p = plan.nodes[name]
-                ctx = BuildContext(name=name, op=p.op.name, where=f"node '{name}'", seed=plan.seed,
-                                   rank=rank, world=world, listing=(listings or {}).get(name))
+                p = self.plan.nodes[name]
+                ctx = BuildContext(name=name, op=p.op.name, where=f"node '{name}'", seed=self.plan.seed,
+                                   rank=self.rank, world=self.world, listing=self.listings.get(name))
                 node = p.op.build(p.params, [], ctx)
             count = getattr(node, "count", None)
-            sources[name] = count() if callable(count) else None
-        return sources[name]
+            self.sources[name] = count() if callable(count) else None
+        return self.sources[name]
 
-    def count(name: str, where: Where, memo: dict[str, int]) -> int:
+    def count(self, name: str, where: Where, memo: dict[str, int]) -> int:
         if name in memo:
             return memo[name]
+        copies = self.copies
         if copies is not None and name == copies[1] and where.workers == 1:
-            n = sum(count(name, Where(rank, world, w, copies[0]), {}) for w in range(copies[0]))
+            n = sum(self.count(name, Where(self.rank, self.world, w, copies[0]), {}) for w in range(copies[0]))
         else:
-            node = plan.nodes[name]
-            inputs = [count(i, where, memo) for i in node.inputs]
+            node = self.plan.nodes[name]
+            inputs = [self.count(i, where, memo) for i in node.inputs]
             rule = node.op.length
-            n = None if rule is None else rule(node.params, inputs, where, lambda: source_count(name))
+            n = None if rule is None else rule(node.params, inputs, where, partial(self.source_count, name))
             if n is None:
                 raise _unknown(name, node.op)
         memo[name] = n
         return n
-
-    return count(plan.output, Where(rank, world), {})
 
 
 def _unknown(name: str, op: Any) -> UnknownLength:
@@ -84,16 +97,7 @@ def _unknown(name: str, op: Any) -> UnknownLength:
 
 def _check_knowable(plan: Any, rank: int, world: int) -> None:
     """Raise for the first node (inputs first) whose rule cannot count, from params alone."""
-    order: list[str] = []
-
-    def visit(name: str) -> None:
-        if name not in order:
-            for i in plan.nodes[name].inputs:
-                visit(i)
-            order.append(name)
-
-    visit(plan.output)
-    for name in order:
+    for name in topological(plan):
         node = plan.nodes[name]
         rule = node.op.length
         if rule is None or rule(node.params, [0] * len(node.inputs), Where(rank, world), lambda: 0) is None:

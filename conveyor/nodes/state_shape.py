@@ -139,8 +139,8 @@ class OneOf(Shape):
             try:
                 shape.check(value, at)
                 return
-            except StateError as exc:
-                errors.append(exc)
+            except StateError as exc:  # kept without its traceback, whose frames hold this list (a
+                errors.append(exc.with_traceback(None))  # cycle through every node of the graph)
         raise errors[0] if len(errors) == 1 else at.fail(value, " or ".join(
             str(e).split(": expected ", 1)[-1].rsplit(", got ", 1)[0] for e in errors))
 
