@@ -455,7 +455,8 @@ def _ids(n, dtype=np.uint8, seed=0):
 @pytest.mark.parametrize("case", [
     "plain", "two fields", "left", "pad value", "mapping pad", "no dtype", "2-d", "mixed dtypes", "a list among",
     "a float field", "a tensor field", "a lacking sample", "a bigger sample", "a non-dict sample", "clash",
-    "missing field", "pad value too big", "a str among ints", "a bool among ints", "empty row"])
+    "missing field", "pad value too big", "a str among ints", "a bool among ints", "a bool after ints",
+    "a float after ints", "a huge int", "a numpy int among ints", "empty row"])
 def test_pad_collates_lean_dict_path_gives_what_the_general_one_gives(case):
     samples = [{"input_ids": _ids(n), "index": i, "file": "f.jsonl", "line": i + 1}
                for i, n in enumerate([5, 17, 9, 1, 12])]
@@ -497,6 +498,14 @@ def test_pad_collates_lean_dict_path_gives_what_the_general_one_gives(case):
         samples[4]["index"] = "4"
     elif case == "a bool among ints":
         samples[0]["index"] = True
+    elif case == "a bool after ints":
+        samples[2]["line"] = False
+    elif case == "a float after ints":
+        samples[2]["index"] = 2.5
+    elif case == "a huge int":
+        samples[3]["index"] = 2 ** 70
+    elif case == "a numpy int among ints":
+        samples[1]["line"] = np.int32(2)
     elif case == "empty row":
         samples[2]["input_ids"] = samples[2]["input_ids"][:0]
     try:

@@ -93,10 +93,8 @@ def _lean_dict(samples: Sequence[Any], first: dict, names: Sequence[Any], value_
     Python set-up is much of pad_collate's cost for short texts. None, having changed nothing, for anything else (a missing or unusual field, a
     sample that differs, a value ``_pad_arrays`` refuses, a name clash): the general path
     then gives the batch or the error it always gave."""
-    n_fields = len(first)
-    for s in samples:
-        if type(s) is not dict or len(s) != n_fields:
-            return None
+    if not _DICT.issuperset(map(type, samples)) or len(set(map(len, samples))) != 1:
+        return None
     for name in names:
         if name not in first:
             return None
@@ -127,10 +125,16 @@ def _lean_dict(samples: Sequence[Any], first: dict, names: Sequence[Any], value_
             else:
                 extra[f"{key}_lengths"], extra[f"{key}_mask"] = lengths, mask
         else:
-            kinds = set(map(type, values))
-            if kinds == _INT:
-                out[key] = torch.from_numpy(np.array(values, dtype=np.int64))
-            elif kinds == _STR:
+            kind = type(values[0])
+            if kind is int:  # ints, or bools among them, as default_collate makes them: int64 (a
+                try:         # float among them makes float64, a huge int an object array: refused)
+                    ints = np.array(values)
+                except (OverflowError, ValueError):
+                    return None
+                if ints.dtype != np.int64:
+                    return None
+                out[key] = torch.from_numpy(ints)
+            elif kind is str and _STR.issuperset(map(type, values)):
                 out[key] = values
             else:
                 return None
@@ -138,7 +142,7 @@ def _lean_dict(samples: Sequence[Any], first: dict, names: Sequence[Any], value_
     return out, real, padded_tokens
 
 
-_INT, _STR = {int}, {str}
+_DICT, _STR = frozenset({dict}), frozenset({str})
 
 
 def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
