@@ -351,10 +351,12 @@ class BucketBatch(BaseNode[list]):
         read[b] = ordinal + 1
         if ordinal < p.done[b]:
             return b  # emitted before the state was saved (only while replaying)
-        pool = p.pools[b]
+        pool = p.items[b]
         if not pool and pos < p.oldest:
             p.oldest = pos
-        pool.append((n, pos, item))
+        pool.append(item)
+        p.lens[b].append(n)
+        p.poss[b].append(pos)
         p.tokens[b] += n if self._by_tokens and n else 1
         return b
 
@@ -391,7 +393,8 @@ class BucketBatch(BaseNode[list]):
         p = self._p
         source, add, weight, capacity = self.source, self._add, p.tokens, self._capacity
         max_pending, snap_every = self.max_pending, self._snap_every
-        pools, read, done, n_bounds, by_tokens = p.pools, p.read, p.done, self._n_bounds, self._by_tokens
+        pools, pool_lens, pool_poss = p.items, p.lens, p.poss
+        read, done, n_bounds, by_tokens = p.read, p.done, self._n_bounds, self._by_tokens
         while True:
             pending, pi = self._pending, self._pi
             if pi >= len(pending):  # read the next chunk (nodes/capabilities.py)
@@ -445,7 +448,9 @@ class BucketBatch(BaseNode[list]):
                             pool = pools[b]
                             if not pool and pos < p.oldest:
                                 p.oldest = pos
-                            pool.append((n, pos, item))
+                            pool.append(item)
+                            pool_lens[b].append(n)
+                            pool_poss[b].append(pos)
                             weight[b] += n if by_tokens else 1
                         pos += 1
                     if b >= 0 and weight[b] >= capacity[b]:
@@ -474,7 +479,7 @@ class BucketBatch(BaseNode[list]):
     def _forced_cut(self) -> None:
         """Cut the oldest pool early: its first item is ``max_pending`` items back."""
         p = self._p
-        oldest = min((pool[0][1], i) for i, pool in enumerate(p.pools) if pool)[1]
+        oldest = min((poss[0], i) for i, poss in enumerate(p.poss) if poss)[1]
         self._stats["forced"] += 1
         self._cut(oldest, p.cut_count)
 
@@ -545,10 +550,10 @@ class BucketBatch(BaseNode[list]):
             keep = order < c
             order, counts = order[keep], np.bincount(bks[:c], minlength=nb)
         sums = np.bincount(bks[:c], weights=weights[:c], minlength=nb).tolist() if self._by_tokens else None
-        entries = list(zip(self._lens[pi:pi + c], range(pos0, pos0 + c), pending[pi:pi + c]))  # type: ignore[index]
+        lens_c, items_c = self._lens[pi:pi + c], pending[pi:pi + c]  # type: ignore[index]
         pending[pi:pi + c] = repeat(None, c)
         idx = order.tolist()
-        pools, tokens, j = p.pools, p.tokens, 0
+        pools, tokens, j = p.items, p.tokens, 0
         for b, k in enumerate(counts.tolist()):
             if not k:
                 continue
@@ -557,7 +562,9 @@ class BucketBatch(BaseNode[list]):
             pool = pools[b]
             if not pool and pos0 + mine[0] < p.oldest:
                 p.oldest = pos0 + mine[0]
-            pool.extend(map(entries.__getitem__, mine))
+            pool.extend(map(items_c.__getitem__, mine))
+            p.lens[b].extend(map(lens_c.__getitem__, mine))  # type: ignore[union-attr]
+            p.poss[b].extend(map(pos0.__add__, mine))
             read[b] += k
             tokens[b] += int(sums[b]) if sums is not None else k
         if nb > self._n_bounds and counts[self._n_bounds]:  # own_bucket: counted as _add does
@@ -570,17 +577,16 @@ class BucketBatch(BaseNode[list]):
         return _ADDED
 
     # ----- cutting and emitting -----------------------------------------------------------
-    def _split(self, b: int, entries: list[tuple[int, int, Any]], final: bool) -> list[Batch]:
-        """Cut one bucket's sorted entries into batches (the last dropped if partial and asked)."""
-        lens = list(map(itemgetter(0), entries))
+    def _split(self, b: int, lens: list[int], items: list, final: bool) -> list[Batch]:
+        """Cut one bucket's items, sorted by their lengths ``lens``, into batches (the last
+        dropped if partial and asked)."""
         size = self.batch_sizes[b] if self.batch_sizes is not None else None
         cuts, partial = cut_sorted(lens, size=size, budget=self.max_tokens, multiple=self.multiple)
         if final and self.drop_remainder and partial:
             s, e = cuts.pop()
             if not self._replaying:
                 self._stats["dropped"] += e - s
-        item = itemgetter(2)
-        return [Batch(b, list(map(item, entries[s:e])), lens[e - 1], sum(lens[s:e])) for s, e in cuts]
+        return [Batch(b, items[s:e], lens[e - 1], sum(lens[s:e])) for s, e in cuts]
 
     def _cut(self, which: int, counter: int) -> None:
         """Cut bucket ``which``'s pool (or, with ``ALL``, every pool at the epoch's end) into
@@ -604,7 +610,7 @@ class BucketBatch(BaseNode[list]):
                 except StopIteration:
                     self._exhausted = True
                 continue
-            if not any(p.pools):
+            if not any(p.items):
                 raise StopIteration
             self._cut(ALL, p.cut_count)
         batch = p.out[p.out_pos]
