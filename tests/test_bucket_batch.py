@@ -285,8 +285,8 @@ def test_sorted_pools_pad_little():
 
 @pytest.mark.parametrize("length", ["input_ids", "fn"])
 def test_pooled_items_are_held_by_no_tuple_the_collector_tracks(length):
-    """A pool is three lists side by side (items, lengths, positions), not a (length, position,
-    item) tuple an item: a tuple holding a dict stays tracked, went to the oldest generation with
+    """A pool is two lists side by side (items, lengths), not a (length, position, item) tuple
+    an item: a tuple holding a dict stays tracked, went to the oldest generation with
     the pool and set off a full collection (~80 ms with torch loaded) every ~60 epochs of
     text.yaml. Both ways in: the chunk at once (a field) and item by item (a length fn)."""
     import gc

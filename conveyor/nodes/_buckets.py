@@ -195,13 +195,13 @@ class Batch:
 class Pools:
     """The per-bucket pools of one epoch, and the batches being emitted from one cut.
 
-    ``items[b]``, ``lens[b]``, ``poss[b]``: bucket ``b``'s items not yet cut, their lengths and
-    input positions (increasing), three lists side by side: a tuple per item that held the item
-    stayed in the garbage collector's care (a tuple holding a dict is never untracked), was
-    promoted with the pool, and set off a full collection (~80 ms with torch loaded) every
-    ~60 text.yaml epochs; ``tokens[b]`` their weight (items, or tokens under a budget); ``read[b]``/``done[b]`` the
-    bucket's items read this epoch and emitted of them; ``oldest`` the input position of the
-    oldest entry. A cut (``cut``) is emitted from ``out[out_pos]``: ``emitting`` is its bucket
+    ``items[b]``, ``lens[b]``: bucket ``b``'s items not yet cut and their lengths, two lists side
+    by side (a ``(length, position, item)`` tuple an item stayed in the garbage collector's
+    care, as a tuple holding a dict is never untracked, was promoted with the pool and set off
+    a full collection, ~80 ms with torch loaded, every ~60 text.yaml epochs); ``first[b]`` the
+    input position of its first item (``_INF``: none); ``tokens[b]`` their weight (items, or
+    tokens under a budget); ``read[b]``/``done[b]`` the bucket's items read this epoch and
+    emitted of them; ``oldest`` the input position of the oldest pooled item. A cut (``cut``) is emitted from ``out[out_pos]``: ``emitting`` is its bucket
     (``ALL``: every pool, ``NONE``: no cut), ``emit_first`` its oldest position, ``cut_count``
     the pools cut so far. ``bucket_batch``'s docstring says how these make its state.
     """
@@ -209,7 +209,7 @@ class Pools:
     def __init__(self, buckets: int):
         self.items: list[list[Any]] = [[] for _ in range(buckets)]
         self.lens: list[list[int]] = [[] for _ in range(buckets)]
-        self.poss: list[list[int]] = [[] for _ in range(buckets)]
+        self.first: list[float] = [_INF] * buckets
         self.tokens = [0] * buckets
         self.read = [0] * buckets
         self.done = [0] * buckets
@@ -230,15 +230,15 @@ class Pools:
         batches: list[Batch] = []
         self.emit_counts = {}
         for b in buckets:
-            items, lens, poss = self.items[b], self.lens[b], self.poss[b]
-            self.items[b], self.lens[b], self.poss[b] = [], [], []
+            items, lens, first = self.items[b], self.lens[b], self.first[b]
+            self.items[b], self.lens[b], self.first[b] = [], [], _INF
             self.tokens[b] = 0
-            self.emit_first = min(self.emit_first, poss[0])
+            self.emit_first = min(self.emit_first, first)
             self.emit_counts[b] = len(items)
             order = sorted(range(len(lens)), key=lens.__getitem__)  # stable: equal lengths keep their input order
             batches.extend(split(b, list(map(lens.__getitem__, order)), list(map(items.__getitem__, order)),
                                  which == ALL))
-        self.oldest = min((p[0] for p in self.poss if p), default=_INF)
+        self.oldest = min(self.first)
         self.emitting = which
         self.cut_count = counter + 1
         if seed is not None:

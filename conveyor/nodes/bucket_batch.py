@@ -352,11 +352,12 @@ class BucketBatch(BaseNode[list]):
         if ordinal < p.done[b]:
             return b  # emitted before the state was saved (only while replaying)
         pool = p.items[b]
-        if not pool and pos < p.oldest:
-            p.oldest = pos
+        if not pool:
+            p.first[b] = pos
+            if pos < p.oldest:
+                p.oldest = pos
         pool.append(item)
         p.lens[b].append(n)
-        p.poss[b].append(pos)
         p.tokens[b] += n if self._by_tokens and n else 1
         return b
 
@@ -393,7 +394,7 @@ class BucketBatch(BaseNode[list]):
         p = self._p
         source, add, weight, capacity = self.source, self._add, p.tokens, self._capacity
         max_pending, snap_every = self.max_pending, self._snap_every
-        pools, pool_lens, pool_poss = p.items, p.lens, p.poss
+        pools, pool_lens, first = p.items, p.lens, p.first
         read, done, n_bounds, by_tokens = p.read, p.done, self._n_bounds, self._by_tokens
         while True:
             pending, pi = self._pending, self._pi
@@ -446,11 +447,12 @@ class BucketBatch(BaseNode[list]):
                         read[b] = ordinal + 1
                         if ordinal >= done[b]:
                             pool = pools[b]
-                            if not pool and pos < p.oldest:
-                                p.oldest = pos
+                            if not pool:
+                                first[b] = pos
+                                if pos < p.oldest:
+                                    p.oldest = pos
                             pool.append(item)
                             pool_lens[b].append(n)
-                            pool_poss[b].append(pos)
                             weight[b] += n if by_tokens else 1
                         pos += 1
                     if b >= 0 and weight[b] >= capacity[b]:
@@ -479,7 +481,7 @@ class BucketBatch(BaseNode[list]):
     def _forced_cut(self) -> None:
         """Cut the oldest pool early: its first item is ``max_pending`` items back."""
         p = self._p
-        oldest = min((poss[0], i) for i, poss in enumerate(p.poss) if poss)[1]
+        oldest = min((f, i) for i, f in enumerate(p.first) if p.items[i])[1]
         self._stats["forced"] += 1
         self._cut(oldest, p.cut_count)
 
@@ -560,11 +562,12 @@ class BucketBatch(BaseNode[list]):
             mine = idx[j:j + k]
             j += k
             pool = pools[b]
-            if not pool and pos0 + mine[0] < p.oldest:
-                p.oldest = pos0 + mine[0]
+            if not pool:
+                p.first[b] = pos0 + mine[0]
+                if pos0 + mine[0] < p.oldest:
+                    p.oldest = pos0 + mine[0]
             pool.extend(map(items_c.__getitem__, mine))
             p.lens[b].extend(map(lens_c.__getitem__, mine))  # type: ignore[union-attr]
-            p.poss[b].extend(map(pos0.__add__, mine))
             read[b] += k
             tokens[b] += int(sums[b]) if sums is not None else k
         if nb > self._n_bounds and counts[self._n_bounds]:  # own_bucket: counted as _add does
