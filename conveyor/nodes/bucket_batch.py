@@ -536,12 +536,16 @@ class BucketBatch(BaseNode[list]):
         weights = arr if self._by_tokens else np.ones(m, dtype=np.int64)
         order = np.argsort(bks, kind="stable")  # each bucket's items, in input order
         counts = np.bincount(bks, minlength=nb)
-        ends = np.cumsum(counts)
-        run = np.cumsum(weights[order])  # the running weight of each bucket, in that order
-        run -= np.repeat(np.concatenate(([0], run))[ends - counts], counts)
         room = np.array(self._capacity, dtype=np.int64) - np.array(p.tokens, dtype=np.int64)
-        hits = order[run >= np.repeat(room, counts)]
-        stop = int(hits.min()) if len(hits) else m  # the first item to fill its pool
+        total = np.bincount(bks, weights=weights, minlength=nb) if self._by_tokens else counts
+        if (total < room).all():  # no pool fills (most chunks): no running weights to find where
+            stop = m
+        else:
+            ends = np.cumsum(counts)
+            run = np.cumsum(weights[order])  # the running weight of each bucket, in that order
+            run -= np.repeat(np.concatenate(([0], run))[ends - counts], counts)
+            hits = order[run >= np.repeat(room, counts)]
+            stop = int(hits.min()) if len(hits) else m  # the first item to fill its pool
         pos0 = self._pos
         oldest = p.oldest if p.oldest != _INF else pos0  # (item 0 is added, so the oldest then)
         forced = self.max_pending + int(oldest) - pos0  # from this item on, past max_pending
@@ -551,7 +555,12 @@ class BucketBatch(BaseNode[list]):
         if c < m:
             keep = order < c
             order, counts = order[keep], np.bincount(bks[:c], minlength=nb)
-        sums = np.bincount(bks[:c], weights=weights[:c], minlength=nb).tolist() if self._by_tokens else None
+        if not self._by_tokens:
+            sums = None
+        elif c == m:
+            sums = total.tolist()
+        else:
+            sums = np.bincount(bks[:c], weights=weights[:c], minlength=nb).tolist()
         lens_c, items_c = self._lens[pi:pi + c], pending[pi:pi + c]  # type: ignore[index]
         pending[pi:pi + c] = repeat(None, c)
         idx = order.tolist()
