@@ -307,7 +307,8 @@ def test_pooled_items_are_held_by_no_tuple_the_collector_tracks(length):
     assert len(pooled) > 100
     del out
     gc.collect()
-    holders = [type(r).__name__ for x in pooled[::20] for r in gc.get_referrers(x) if r is not given and r is not pooled]
+    holders = [type(r).__name__ for x in pooled[::20] for r in gc.get_referrers(x)
+               if r is not given and r is not pooled]
     assert "tuple" not in holders and set(holders) == {"list"}
 
 

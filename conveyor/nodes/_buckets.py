@@ -201,9 +201,10 @@ class Pools:
     a full collection, ~80 ms with torch loaded, every ~60 text.yaml epochs); ``first[b]`` the
     input position of its first item (``_INF``: none); ``tokens[b]`` their weight (items, or
     tokens under a budget); ``read[b]``/``done[b]`` the bucket's items read this epoch and
-    emitted of them; ``oldest`` the input position of the oldest pooled item. A cut (``cut``) is emitted from ``out[out_pos]``: ``emitting`` is its bucket
-    (``ALL``: every pool, ``NONE``: no cut), ``emit_first`` its oldest position, ``cut_count``
-    the pools cut so far. ``bucket_batch``'s docstring says how these make its state.
+    emitted of them; ``oldest`` the input position of the oldest pooled item. A cut (``cut``)
+    is emitted from ``out[out_pos]``: ``emitting`` is its bucket (``ALL``: every pool,
+    ``NONE``: no cut), ``emit_first`` its oldest position, ``cut_count`` the pools cut so far.
+    ``bucket_batch``'s docstring says how these make its state.
     """
 
     def __init__(self, buckets: int):

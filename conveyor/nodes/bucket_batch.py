@@ -572,9 +572,10 @@ class BucketBatch(BaseNode[list]):
             j += k
             pool = pools[b]
             if not pool:
-                p.first[b] = pos0 + mine[0]
-                if pos0 + mine[0] < p.oldest:
-                    p.oldest = pos0 + mine[0]
+                start = pos0 + mine[0]
+                p.first[b] = start
+                if start < p.oldest:
+                    p.oldest = start
             pool.extend(map(items_c.__getitem__, mine))
             p.lens[b].extend(map(lens_c.__getitem__, mine))  # type: ignore[union-attr]
             read[b] += k
