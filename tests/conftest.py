@@ -17,6 +17,19 @@ REPO = TESTS.parent
 if str(TESTS) not in sys.path:  # specs in tests/ name helper functions as helpers_fns:<name>
     sys.path.insert(0, str(TESTS))
 
+# Worker processes whose start method is not what a test is about start from multiprocessing's
+# fork server (``mp_context: forkserver``), not by forking this process: by the time such a
+# test runs, this process holds threads and native libraries' state that earlier tests left
+# (fsspec's event loop, gloo, Ray's client, torch's pools), and a child forked while one of
+# them held a lock waits on it for ever (both copies of test_lent.py hung so, once in CI). The
+# server is one fresh process per pytest process, single-threaded, with torch and conveyor
+# imported once: its children start as fast as forks of this one (~0.1 s; spawn: ~14 s for
+# two on a busy host).
+import multiprocessing  # noqa: E402
+
+multiprocessing.set_forkserver_preload(["torch", "conveyor", "conveyor.graphs.compile", "conveyor.nodes.copies",
+                                        "helpers_fns", "chain_fns"])
+
 
 # ----- spec, CLI and node tests (test_spec_*.py, test_cli.py, test_nodes_basic.py) -----------
 

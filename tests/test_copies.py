@@ -42,7 +42,7 @@ def test_copies_cover_the_data_once_in_the_order_of_one_copy(tmp_path: Path) -> 
     assert sorted(base[0]) == list(range(40))
     assert base[0] != base[1]  # reshuffled
     for workers in ("{copies: 2, method: thread}", "{copies: 3, method: thread}",
-                    "{copies: 2, method: process}", "{copies: 3, method: process, mp_context: fork}"):
+                    "{copies: 2, method: process}", "{copies: 3, method: process, mp_context: forkserver}"):
         with load_graph(_spec(tmp_path, workers, shuffle=one_to_one)) as loader:
             got = _indices(loader)
             assert loader.stats()["nodes"]["parse"]["copies"] in (2, 3)
@@ -67,7 +67,7 @@ def test_copies_resume_exactly_with_threads(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_copies_resume_exactly_with_processes(tmp_path: Path) -> None:
-    spec = _spec(tmp_path, "{copies: 2, method: process, mp_context: fork}", shuffle="shuf:    {op: shuffle_buffer, size: 5}")
+    spec = _spec(tmp_path, "{copies: 2, method: process, mp_context: forkserver}", shuffle="shuf:    {op: shuffle_buffer, size: 5}")
     # one new loader restores mid-epoch first, then (its worker processes kept) at the start, on
     # both sides of the epoch boundary and at the end: two loaders start processes, not seven
     assert check_resume(lambda: load_graph(spec), epochs=2, steps=lambda n, e: [3, 0, e, e + 1, n - 1],
@@ -115,7 +115,7 @@ def test_workers_run_ahead_only_into_the_epoch_asked_for(tmp_path: Path) -> None
     one_to_one = "shuf:    {op: shuffle_buffer, size: 1}"
     with load_graph(_spec(tmp_path, "1", shuffle=one_to_one)) as one:
         base = _indices(one, 4)
-    spec = _spec(tmp_path, "{copies: 2, method: process, mp_context: fork}", shuffle=one_to_one)
+    spec = _spec(tmp_path, "{copies: 2, method: process, mp_context: forkserver}", shuffle=one_to_one)
     with load_graph(spec) as loader:
         whole = [i for b in loader for i in b["index"].tolist()]  # epoch 0; the workers go on into 1
         state = loader.state_dict()
@@ -138,7 +138,7 @@ def test_close_ends_workers_blocked_on_a_full_pipe() -> None:
     from conveyor.nodes.copies import WorkerCopies
     from helpers_fns import endless_big_items
 
-    node = WorkerCopies(endless_big_items, copies=2, method="process", mp_context="fork")
+    node = WorkerCopies(endless_big_items, copies=2, method="process", mp_context="forkserver")
     node.reset(None)
     assert next(node)[0].item() == 1.0 and next(node)[0].item() == 1.0  # copy 0, then copy 1
     assert next(node)[0].item() == 2.0
@@ -169,7 +169,7 @@ def test_a_worker_killed_mid_epoch_is_an_error_naming_the_signal() -> None:
     from conveyor.nodes.copies import WorkerCopies
     from helpers_fns import endless_big_items
 
-    node = WorkerCopies(endless_big_items, copies=2, method="process", mp_context="fork")
+    node = WorkerCopies(endless_big_items, copies=2, method="process", mp_context="forkserver")
     try:
         node.reset(None)
         next(node)
@@ -199,7 +199,7 @@ def test_workers_run_ahead_only_a_few_chunks_of_shared_memory() -> None:
     from helpers_fns import endless_big_items
 
     before = _shmem_mib()
-    node = WorkerCopies(endless_big_items, copies=2, method="process", mp_context="fork")  # endless 1 MiB items
+    node = WorkerCopies(endless_big_items, copies=2, method="process", mp_context="forkserver")  # endless 1 MiB items
     try:
         node.reset(None)
         next(node)

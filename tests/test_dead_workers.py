@@ -34,7 +34,7 @@ nodes:
 output: out
 """
 COPIES_SPEC = f"""
-workers: {{copies: 2, method: process, until: parse, mp_context: fork}}
+workers: {{copies: 2, method: process, until: parse, mp_context: forkserver}}
 nodes:
   files: {{op: list_files, url: "{NUMBERS}/*/*.txt", shuffle: true}}
   shard: {{op: shard}}
@@ -298,7 +298,7 @@ def test_an_untravelled_exception_starts_with_node_type_and_message() -> None:
 @pytest.mark.timeout(120)
 def test_an_untravelled_exception_from_a_worker_copy_starts_with_its_node(write_spec) -> None:
     spec = write_spec(f"""
-workers: {{copies: 2, method: process, until: parse, mp_context: fork}}
+workers: {{copies: 2, method: process, until: parse, mp_context: forkserver}}
 nodes:
   files: {{op: list_files, url: "{NUMBERS}/*/*.txt"}}
   shard: {{op: shard}}

@@ -90,7 +90,7 @@ def test_the_ledger_survives_a_resume_in_a_new_loader(dirty: Path, write_spec) -
 
 @pytest.mark.parametrize("method", ["thread", "process"])
 def test_worker_copies_report_their_skips(dirty: Path, write_spec, method: str) -> None:
-    fork = ", mp_context: fork" if method == "process" else ""  # how they start is not the point
+    fork = ", mp_context: forkserver" if method == "process" else ""  # how they start is not the point (conftest.py)
     copies = f"workers: {{copies: 2, method: {method}{fork}, until: decode}}\n"
     with load_graph(_spec(write_spec, dirty, copies=copies, name=f"{method}.yaml")) as loader:
         assert sum(len(b["label"]) for b in loader) == 60
@@ -104,9 +104,9 @@ def test_worker_processes_report_their_skips_as_they_meet_them(dirty: Path, tmp_
     epoch's skips (and `conveyor run --skipped` wrote one of 3)."""
     kw = dict(root=str(dirty), on_error="skip", batch_size=4, image_size=16, shuffle_window=5, workers=2)
     text = (ROOT / "specs/imagenet-procs.yaml").read_text()
-    assert text.count("method: process,") == 1  # its copies forked: spawn is not what this is about
+    assert text.count("method: process,") == 1  # its copies from the fork server: spawn is not the point
     spec = tmp_path / "imagenet-procs.yaml"
-    spec.write_text(text.replace("method: process,", "method: process, mp_context: fork,"))
+    spec.write_text(text.replace("method: process,", "method: process, mp_context: forkserver,"))
     with load_graph(spec, **kw) as loader:
         for epoch in (1, 2):
             assert sum(len(b["label"]) for b in loader) >= 52  # each copy drops its last partial batch

@@ -20,7 +20,7 @@ def _copies():
     from conveyor.nodes.copies import WorkerCopies
     from helpers_fns import endless_batches
 
-    node = WorkerCopies(endless_batches, copies=2, method="process", mp_context="fork")
+    node = WorkerCopies(endless_batches, copies=2, method="process", mp_context="forkserver")
     try:
         node.reset(None)
         yield node

@@ -70,11 +70,11 @@ def test_every_spec_resumes_exactly(spec: Path, packed_sample: Path, tmp_path: P
     overrides = dict(OVERRIDES.get(spec.name, {}))
     if spec.name == "imagenet-shards.yaml":
         overrides["root"] = str(packed_sample)
-    if spec.name in PROCESS_SPECS:  # its copies forked: where a batch comes from does not depend on
+    if spec.name in PROCESS_SPECS:  # copies from the fork server: where a batch comes from does not depend on
         text = spec.read_text()     # how they start, and spawning took ~14 s on a busy host (the
         assert text.count("method: process,") == 1  # shipped spec's spawn: test_saved_states.py)
         spec = tmp_path / spec.name
-        spec.write_text(text.replace("method: process,", "method: process, mp_context: fork,"))
+        spec.write_text(text.replace("method: process,", "method: process, mp_context: forkserver,"))
         overrides["root"] = str(ROOT / "examples/data/imagenet-sample/train")
 
     def make():

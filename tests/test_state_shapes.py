@@ -272,7 +272,7 @@ def test_a_mutated_state_is_refused_or_resumes_exactly(saved, data) -> None:
 def test_a_worker_copy_checks_its_own_state_before_its_reset(tmp_path: Path, method: str) -> None:
     # a copy's graph is built in the copy, so its base state is checked there, named as such
     spec = tmp_path / "copies.yaml"
-    spec.write_text(f"""workers: {{copies: 2, method: {method}, until: batch, mp_context: fork}}
+    spec.write_text(f"""workers: {{copies: 2, method: {method}, until: batch, mp_context: forkserver}}
 nodes:
   files: {{op: list_files, url: "{ROOT}/examples/data/numbers/*/*.txt"}}
   shard: {{op: shard, by: [rank, worker]}}

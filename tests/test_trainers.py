@@ -41,11 +41,11 @@ def shards(tmp_path_factory) -> Path:
 
 
 def _forked(spec: Path, tmp_path: Path) -> Path:
-    """A copy of ``spec`` (same name) whose worker copies are forked, not spawned."""
+    """A copy of ``spec`` (same name) whose worker copies start from the fork server (conftest.py), not spawned."""
     text = spec.read_text()
     assert text.count("method: process,") == 1
     copy = tmp_path / spec.name
-    copy.write_text(text.replace("method: process,", "method: process, mp_context: fork,"))
+    copy.write_text(text.replace("method: process,", "method: process, mp_context: forkserver,"))
     return copy
 
 
@@ -66,7 +66,7 @@ def test_every_spec_state_loads_with_plain_torch_load_and_len_is_exact(spec, sha
     params = dict(SMALL.get(spec.name, {}))
     if spec.name == "imagenet-shards.yaml":
         params["root"] = str(shards)
-    if spec.name == "imagenet-procs.yaml":  # forked: what it saves does not depend on how its
+    if spec.name == "imagenet-procs.yaml":  # fork server: what it saves does not depend on how its
         spec = _forked(spec, tmp_path)      # processes start (spawn took ~14 s on a busy host)
         params["root"] = str(ROOT / "examples/data/imagenet-sample/train")
     with load_graph(spec, **params) as loader:
