@@ -475,3 +475,23 @@ def test_shards_beside_a_big_tree_are_listed_without_listing_the_tree(s3, tmp_pa
     assert [r["path"] for r in records] == [s3.url("data/shard-000000.tar"), s3.url("data/shard-000001.tar")]
     assert proxy.requests == 1, proxy.requests
     assert len(ListFiles(url=s3.url("data/loose/*/*.jpg")).records()) == 1200  # deeper: as before
+
+
+def test_the_pretrain_spec_on_s3_packs_the_batches_of_local_disk_and_resumes_mid_epoch(s3) -> None:
+    """specs/pretrain.yaml as bundled, its root an s3:// URL: list, read_jsonl, tokenize and
+    pack_tokens give local disk's batches, and a state taken mid-epoch (mid-file, mid-pool)
+    resumes at the very next batch."""
+    text = ROOT / "examples/data/text-sample"
+    root = s3.upload(text, "corpus")
+    assert root.startswith("s3://")
+    spec = ROOT / "specs/pretrain.yaml"
+    small = {"seq_len": 256, "pool": 200}  # several pools an epoch, rows of several documents
+    local = batches(spec, root=str(text), **small)
+    assert len(local) > 20
+    assert batches(spec, root=root, **small) == local
+
+    def make():
+        return load_graph(spec, root=root, **small)
+
+    n = len(local)
+    assert check_resume(make, epochs=1, steps=[0, 3, n // 2, n - 2], reuse=True) == n
