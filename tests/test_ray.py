@@ -286,6 +286,12 @@ def test_names_left_by_a_killed_driver_are_removed_once_old_and_no_others(tmp_pa
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a pid whose process is gone
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # ended, not reaped: its mappings are gone
+    deadline = time.monotonic() + 30
+    while named_slots._alive(zombie.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not named_slots._alive(zombie.pid) and zombie.returncode is None  # (poll() would reap it)
+    assert named_slots._alive(os.getpid())
     tag = uuid.uuid4().hex[:8]
     old, fresh, live = (f"/dev/shm/conveyor-ray-{pid}-{tag}-w0-l1-{kind}"
                         for pid, kind in ((dead.pid, "s0"), (dead.pid, "flags"), (os.getpid(), "s0")))
@@ -297,11 +303,17 @@ def test_names_left_by_a_killed_driver_are_removed_once_old_and_no_others(tmp_pa
     for path in (old, live, other):
         os.utime(path, (hour_ago, hour_ago))
     try:
-        assert dead.pid in named_slots.remove_orphans()
+        zombie_name = f"/dev/shm/conveyor-ray-{zombie.pid}-{tag}-w0-l1-s0"
+        with open(zombie_name, "wb") as f:
+            f.write(b"x")
+        os.utime(zombie_name, (hour_ago, hour_ago))
+        assert {dead.pid, zombie.pid} <= set(named_slots.remove_orphans())
+        assert not os.path.exists(zombie_name)
         assert not os.path.exists(old)  # its driver is gone and it is old: removed
         assert os.path.exists(fresh)  # too young: a driver in another pid namespace may be mapping it
         assert os.path.exists(live) and os.path.exists(other)
     finally:
-        for path in (old, fresh, live, other):
+        for path in (old, fresh, live, other, f"/dev/shm/conveyor-ray-{zombie.pid}-{tag}-w0-l1-s0"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+        zombie.wait()

@@ -120,13 +120,21 @@ ORPHAN_AGE = 3600.0  # seconds a name of a dead driver must have lain before rem
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie (killed, not yet reaped by its parent) has let its mappings
+    go, so its names are orphans too, though ``kill(pid, 0)`` still finds it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process: alive
+    except PermissionError:  # another user's process: alive (unless /proc says it is a zombie)
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # no /proc (or it went meanwhile): kill's answer
         return True
-    return True
+    state = stat[stat.rfind(b")") + 2:][:1]  # the field after the command name, which may hold ')'
+    return state not in (b"Z", b"X")
 
 
 def remove_orphans(head: str = "conveyor-ray-", *, older_than: float = ORPHAN_AGE) -> list[int]:
