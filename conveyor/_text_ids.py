@@ -162,24 +162,22 @@ def _byte_batch(items: list, field: str, max_length: int | None, bos: int | None
         datas = [_item_bytes(item, field) for item in items]  # raises, naming the record
     if keep is not None:
         datas = [d[:keep] for d in datas]  # a bytes no longer than keep is itself
-    body = np.frombuffer(bytearray().join(datas), np.uint8)  # (writable, unlike a bytes' buffer)
     if bos is None and eos is None:
         lengths = [len(d) for d in datas]
+        body = np.frombuffer(bytearray().join(datas), np.uint8)  # (writable, unlike a bytes' buffer)
         buf = body if dtype == np.uint8 else body.astype(dtype)
-    else:
+    else:  # a byte held for each special id in the join, then widened and overwritten: one
+        # pass, where a mask of the body's places and a masked copy were three
         extra = (bos is not None) + (eos is not None)
         lengths = [len(d) + extra for d in datas]
+        joined = bytearray(extra).join([b"", *datas, b""])  # held, text, held, text, held
+        front, back = eos is not None, bos is not None  # (the held byte before the first text is an eos's)
+        buf = np.frombuffer(joined, np.uint8)[front:len(joined) - back].astype(dtype)
         ends = np.cumsum(lengths, dtype=np.int64)
-        starts = ends - np.asarray(lengths, dtype=np.int64)
-        buf = np.empty(int(ends[-1]) if lengths else 0, dtype)
-        is_body = np.ones(buf.shape[0], bool)
         if bos is not None:
-            is_body[starts] = False
-            buf[starts] = bos
+            buf[ends - np.asarray(lengths, dtype=np.int64)] = bos
         if eos is not None:
-            is_body[ends - 1] = False
             buf[ends - 1] = eos
-        buf[is_body] = body
     return _outs(items, _views(buf, lengths))
 
 
