@@ -360,6 +360,7 @@ vocab_tokenize.check_args = _vocab_rules  # type: ignore[attr-defined]
 hf_tokenize.check_args = _hf_check_args  # type: ignore[attr-defined]
 for _fn in (byte_tokenize, vocab_tokenize, hf_tokenize):
     _fn.per_sample = True  # type: ignore[attr-defined]  # one record in, one sample out (a list: a list)
+    _fn.batch_invariant = True  # type: ignore[attr-defined]  # each id list is its record's alone (no padding)
 del _fn
 
 

@@ -227,3 +227,11 @@ def numbers_one_huge(item, *, mib: int = 300):
     record = read_numbers(item)
     record["big"] = torch.ones(mib << 20 if record["index"] == 7 else 1, dtype=torch.uint8)
     return record
+
+
+def byte_ids_by_hand(items, *, max_length: int = 64):
+    """What ``conveyor.text:byte_tokenize`` gives a list, but declaring nothing: ``batch`` stays a
+    param that changes the data for it (tests/test_batch_invariant.py)."""
+    from conveyor.text import byte_tokenize
+
+    return byte_tokenize(items, max_length=max_length, dtype="uint8")

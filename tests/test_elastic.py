@@ -211,3 +211,26 @@ output: collate
     with _open(monkeypatch, spec, 0, 3) as loader:
         with pytest.raises(StateError, match=r"node 'shuffle' \(shuffle_buffer\).* lies above node 'shard'"):
             loader.load_state_dict(states)
+
+
+def test_an_elastic_resume_across_a_change_of_a_batch_invariant_maps_batch_is_refused(
+        monkeypatch, tmp_path: Path, text_root: Path) -> None:
+    """On the same world such a change loads (tests/test_batch_invariant.py); an elastic resume
+    counts the map's consumed lists by the batch of now, so it would lose or repeat records."""
+    def with_batch(n: int) -> Path:
+        path = tmp_path / f"elastic-batch-{n}.yaml"
+        path.write_text(TEXT.read_text().replace(
+            'tokenize: {op: map, fn: "conveyor.text:byte_tokenize", args: {max_length: 64}}',
+            f'tokenize: {{op: map, fn: "conveyor.text:byte_tokenize", args: {{max_length: 64}}, batch: {n}}}'))
+        return path
+
+    params = {"root": str(text_root), "window": 16}
+    taken, states = _interrupt(monkeypatch, with_batch(4), 2, 2, **params)
+    with _open(monkeypatch, with_batch(8), 0, 3, **params) as loader:
+        with pytest.raises(StateError, match=r"node 'tokenize' param 'batch': saved 4, now 8: an elastic resume"):
+            loader.load_state_dict(states)
+        with pytest.raises(StateError, match=r"an elastic resume"):
+            loader.load_state_dict(states, strict=False)  # not a warning: it would lose or repeat records
+    rest, _ = _resume(monkeypatch, with_batch(4), 3, states, **params)  # the saved batch: exactly once
+    ids = {i: k for k, i in enumerate(_all_ids(monkeypatch, with_batch(4), **params))}
+    _exactly_once(120, [ids[i] for i in taken], [[ids[i] for i in r] for r in rest])

@@ -18,6 +18,10 @@ a user's fn may declare any of them too, and a fn without them works exactly as 
   batches of its own, and the spec is not refused for a collate with no batch above it).
 - ``heavy_output = True``: its outputs are large decoded samples (images), so a big
   ``shuffle_buffer`` after it is refused (shuffle the small records before decoding).
+- ``batch_invariant = True``: given a list (``map`` with ``batch: N``), each result depends
+  on its own item alone, never on the others or on the list's length; so ``batch`` changes
+  only the speed, and a state saved with another ``batch`` still loads under ``strict=True``
+  (not by an elastic resume, which counts the map's lists by the ``batch`` of now).
 
 What a map passes a fn itself, ``rng``, ``generator`` and ``into``, is found from the fn's
 signature (a parameter of that name), not declared.
@@ -64,6 +68,12 @@ def check_args(ref: str, fn: Callable, args: Mapping[str, Any]) -> Problems:
 def per_sample(fn: Any) -> bool:
     """Whether ``fn`` declares that it maps one sample to one sample (``fn.per_sample``)."""
     return getattr(fn, "per_sample", False) is True
+
+
+def batch_invariant(fn: Any) -> bool:
+    """Whether ``fn`` declares that its results for a list do not depend on how the items are
+    batched (``fn.batch_invariant``)."""
+    return getattr(fn, "batch_invariant", False) is True
 
 
 def heavy_output(fn: Any) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 from torchdata.nodes import BaseNode
 
 from conveyor.graphs.copies_check import start_methods
-from conveyor.graphs.fn_args import check_args, per_sample
+from conveyor.graphs.fn_args import batch_invariant, check_args, per_sample
 from conveyor.graphs.opspec import Problem, SpecGraph, count_unless_skipping
 from conveyor.graphs.ops import BuildContext, Method, OnError
 from conveyor.graphs.params import did_you_mean
@@ -101,6 +101,12 @@ def _elastic_map(p: MapParams, ctx: Any, cursor: Cursor) -> Cursor:
     return Map.elastic_input(cursor)
 
 
+def _map_safe_change(p: MapParams, name: str, saved: Any, now: Any) -> bool:
+    """batch, from one size to another, where the fn declares batch_invariant."""
+    return (name == "batch" and all(isinstance(v, int) and not isinstance(v, bool) for v in (saved, now))
+            and batch_invariant(resolve_fn(p.fn)))
+
+
 def _fn_rules(graph: SpecGraph, name: str) -> list[Problem]:
     """The fn's own rules (its ``check_args``) over the node's ``args``."""
     p = graph.nodes[name].params
@@ -166,7 +172,7 @@ MAP = OpSpec("map", MapParams, _build_map, "one", "fn over items, in order, in t
              length=count_unless_skipping, unknown_length="skips the items that fail (on_error: skip)",
              keeps_count="unless_skipping", per_record=_per_record, writes_rows=True,
              safe_params=frozenset({"workers", "method", "mp_context", "snapshot_every"}),
-             graph_check=_graph_check_map,
+             safe_change=_map_safe_change, graph_check=_graph_check_map,
              items_in='any items', items_out='what fn returns for each',
              example='decode: {op: map, fn: conveyor.image:train_transform, args: {size: 224}, workers: 4}')
 FILTER = OpSpec("filter", FilterParams, _build_filter, "one", "drop items where fn is false; not elastic below a "

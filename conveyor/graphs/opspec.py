@@ -156,6 +156,11 @@ class OpSpec:
         safe_params: the params whose change leaves the data exactly the same (speed or
             memory only), so a state loads under ``strict=True`` after they change. Empty
             (the default): every param counts as changing the data.
+        safe_change: for a param whose change leaves the data the same only with some values
+            of the others: ``safe_change(params, name, saved, now) -> bool`` (``params``: the
+            node's now). Its docstring's first line says when, for the reference. An elastic
+            resume still refuses such a change, whatever ``strict`` says: its cursors count
+            items by the params of now (map's ``batch``: when its fn is ``batch_invariant``).
         graph_check: optional ``graph_check(graph, name) -> [Problem]``: rules across nodes
             (its fn's rules, what comes before it), given the checked ``SpecGraph``.
 
@@ -189,6 +194,7 @@ class OpSpec:
     deal: Callable[[Any], Deal] | None = None
     pass_through: bool = False
     safe_params: frozenset[str] = frozenset()
+    safe_change: Callable[[Any, str, Any, Any], bool] | None = None
     graph_check: GraphCheck | None = None
 
     def passes_records(self, params: Any) -> bool:

@@ -78,6 +78,12 @@ def is_safe_param(op: OpSpec, param: str) -> bool:
     return param in op.safe_params
 
 
+def safe_with(op: OpSpec, params: Any, param: str, saved: Any, now: Any) -> bool:
+    """Whether this change of ``param`` (``saved`` -> ``now``) leaves the data the same given the
+    node's other params (``OpSpec.safe_change``: map's ``batch`` for a ``batch_invariant`` fn)."""
+    return op.safe_change is not None and bool(op.safe_change(params, param, saved, now))
+
+
 # ----- the spec as states name it ---------------------------------------------------------
 
 def with_spec_dir(value: Any, spec_dir: str) -> Any:
@@ -265,12 +271,14 @@ class States:
                              f"'{now_w.get('until')}': load the states of every rank of the old run to "
                              "resume with other copies (elastic)")
         if state.get("digest") != self.digest:
-            self.compare(state.get("spec") or {}, strict, state.get("seed"))
+            self.compare(state.get("spec") or {}, strict, state.get("seed"), elastic=elastic)
 
-    def compare(self, saved: dict[str, Any], strict: bool, saved_seed: int | None = None) -> None:
+    def compare(self, saved: dict[str, Any], strict: bool, saved_seed: int | None = None,
+                elastic: bool = False) -> None:
         """Compare a saved spec summary's nodes (and the graph's seed, where the state records
         it) with this graph's: another graph is refused; params that change the data are
-        refused under ``strict``; every difference is logged."""
+        refused under ``strict``; a change safe only with the node's other params
+        (``OpSpec.safe_change``) is refused by an elastic resume; every difference is logged."""
         now = self.summary["nodes"]
         structural = []
         for n in saved:
@@ -295,6 +303,13 @@ class States:
             for p in sorted(set(old) | set(node["params"])):
                 if with_spec_dir(old.get(p), spec_dir) != node["params"].get(p):
                     safe = is_safe_param(op, p)
+                    if not safe and safe_with(op, self.plan.nodes[n].params, p, old.get(p), node["params"].get(p)):
+                        if elastic:  # its elastic cursor counts by the param of now
+                            raise StateError(f"node '{n}' param '{p}': saved {old.get(p)!r}, now "
+                                             f"{node['params'].get(p)!r}: an elastic resume counts what the "
+                                             f"node consumed by its '{p}' of now, so it needs the saved one; "
+                                             f"resume with {p}: {old.get(p)!r}, then change it")
+                        safe = True
                     diffs.append((safe, f"node '{n}' param '{p}': saved {old.get(p)!r}, now "
                                         f"{node['params'].get(p)!r}"
                                         + (" (safe: the data stay the same)" if safe else

@@ -17,7 +17,9 @@ items are skipped and counted (``stats()["skipped"]``), never their neighbours. 
 Outputs do not depend on where lists start, so the state is the inner map's state before the
 current list and how many of its results were emitted (all of them, between lists); a restore
 maps that list again and drops those results. The state is as small as ``Map``'s; a restore
-re-runs ``fn`` on at most one list.
+re-runs ``fn`` on at most one list of the saved size. The lists are cut from there at the size
+of now: for a fn whose results do not depend on the batching (``batch_invariant``, as
+``conveyor.text``'s tokenizers), a state saved with another ``batch`` resumes exactly.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
+from conveyor.errors import StateError
 from conveyor.nodes import capabilities as cap
 from conveyor.nodes._elastic import Cursor
 from conveyor.nodes._skips import LEDGER_KEY, OnError, sample_id
@@ -191,11 +194,20 @@ class MapBatches(BaseNode):
         self._map.reset(initial_state[self.INNER_KEY])
         self._before = initial_state[self.INNER_KEY]
         emitted = initial_state[self.EMITTED_KEY]
-        if emitted:  # the list being (or last) emitted when the state was taken: mapped again
-            self._out = next(self._map)
-            self._pos = emitted
+        if emitted:  # the list being (or last) emitted when the state was taken: mapped again,
+            try:     # in lists of this size (a state saved with a longer batch: whole lists skipped)
+                out = next(self._map)
+                while emitted > len(out):
+                    emitted -= len(out)
+                    self._before = self._map.state_dict()
+                    out = next(self._map)
+            except StopIteration:
+                raise StateError(f"{self.where}: the input ended while mapping again the "
+                                 f"{initial_state[self.EMITTED_KEY]} results emitted before the state was "
+                                 "saved: it is not the input the state was saved from") from None
+            self._out, self._pos = out, emitted
             for i in range(emitted):
-                self._out[i] = None
+                out[i] = None
 
     def next(self) -> Any:
         while True:

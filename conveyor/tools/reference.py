@@ -67,6 +67,9 @@ def facts(op: OpSpec) -> list[tuple[str, str]]:
     if op.safe_params:
         names = [f.name for f in dataclasses.fields(op.params) if f.name in op.safe_params]
         out.append(("safe", ", ".join(names) + " (changing them leaves the data the same: a saved state still loads under strict=True)"))
+    if op.safe_change is not None:
+        when = (op.safe_change.__doc__ or "").strip().splitlines()[0].rstrip(".")
+        out.append(("safe when", f"{when} (a saved state still loads under strict=True; not by an elastic resume)"))
     return out
 
 
