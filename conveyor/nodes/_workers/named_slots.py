@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from conveyor.nodes._workers.child_processes import state
 from conveyor.nodes._workers.shared_slots import MAX_SLOTS, SHM, Borrower, Lender
 
 
@@ -128,13 +129,7 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's process: alive (unless /proc says it is a zombie)
         pass
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:  # no /proc (or it went meanwhile): kill's answer
-        return True
-    state = stat[stat.rfind(b")") + 2:][:1]  # the field after the command name, which may hold ')'
-    return state not in (b"Z", b"X")
+    return state(pid) not in ("Z", "X")  # (None, no /proc or gone meanwhile: kill's answer)
 
 
 def remove_orphans(head: str = "conveyor-ray-", *, older_than: float = ORPHAN_AGE) -> list[int]:
