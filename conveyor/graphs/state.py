@@ -299,21 +299,21 @@ class States:
         spec_dir = self.plan.spec_dir  # a state from before paths were kept as ${spec_dir}/...
         for n, node in now.items():
             old = saved[n]["params"]
-            op = self.plan.nodes[n].op
+            planned = self.plan.nodes[n]
             for p in sorted(set(old) | set(node["params"])):
-                if with_spec_dir(old.get(p), spec_dir) != node["params"].get(p):
-                    safe = is_safe_param(op, p)
-                    if not safe and safe_with(op, self.plan.nodes[n].params, p, old.get(p), node["params"].get(p)):
-                        if elastic:  # its elastic cursor counts by the param of now
-                            raise StateError(f"node '{n}' param '{p}': saved {old.get(p)!r}, now "
-                                             f"{node['params'].get(p)!r}: an elastic resume counts what the "
-                                             f"node consumed by its '{p}' of now, so it needs the saved one; "
-                                             f"resume with {p}: {old.get(p)!r}, then change it")
-                        safe = True
-                    diffs.append((safe, f"node '{n}' param '{p}': saved {old.get(p)!r}, now "
-                                        f"{node['params'].get(p)!r}"
-                                        + (" (safe: the data stay the same)" if safe else
-                                           " (breaks exactness: the batches will differ)")))
+                was, is_now = old.get(p), node["params"].get(p)
+                if with_spec_dir(was, spec_dir) == is_now:
+                    continue
+                what = f"node '{n}' param '{p}': saved {was!r}, now {is_now!r}"
+                safe = is_safe_param(planned.op, p)
+                if not safe and safe_with(planned.op, planned.params, p, was, is_now):
+                    if elastic:  # its elastic cursor counts by the param of now
+                        raise StateError(f"{what}: an elastic resume counts what the node consumed by its "
+                                         f"'{p}' of now, so it needs the saved one; resume with {p}: {was!r}, "
+                                         "then change it")
+                    safe = True
+                diffs.append((safe, what + (" (safe: the data stay the same)" if safe else
+                                            " (breaks exactness: the batches will differ)")))
         breaking = [d for safe, d in diffs if not safe]
         if strict and breaking:
             raise StateError("the state is from a spec with other params: " + "; ".join(breaking)
