@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from torchdata.nodes import BaseNode
+from torchdata.nodes import IterableWrapper
 
 from conveyor import StateError, load_graph
 from conveyor.graphs.fn_args import batch_invariant
@@ -19,25 +19,6 @@ from conveyor.text import byte_tokenize, hf_tokenize, vocab_tokenize
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "examples/data/text-sample"
-
-
-class _Items(BaseNode):
-    def __init__(self, items: list):
-        super().__init__()
-        self.items = items
-
-    def reset(self, initial_state: dict | None = None) -> None:
-        super().reset(initial_state)
-        self.i = 0 if initial_state is None else initial_state["i"]
-
-    def next(self):
-        if self.i >= len(self.items):
-            raise StopIteration
-        self.i += 1
-        return self.items[self.i - 1]
-
-    def get_state(self) -> dict:
-        return {"i": self.i}
 
 
 def _tens(items: list) -> list:
@@ -49,12 +30,12 @@ def test_a_state_of_one_list_size_resumes_at_the_next_result_with_another(old: i
     """Every step; a saved list longer than the lists of now (7 -> 3) skips whole ones."""
     items = list(range(23))
     for step in range(len(items) + 1):
-        node = MapBatches(_Items(items), fn=_tens, size=old)
+        node = MapBatches(IterableWrapper(items), fn=_tens, size=old)
         node.reset()
         for _ in range(step):
             next(node)
         state = json.loads(json.dumps(node.state_dict()))
-        again = MapBatches(_Items(items), fn=_tens, size=new)
+        again = MapBatches(IterableWrapper(items), fn=_tens, size=new)
         again.reset(state)
         assert list(again) == [x * 10 for x in items[step:]], (old, new, step)
 
