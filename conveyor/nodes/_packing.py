@@ -140,9 +140,7 @@ def lay_out(rows: list[list[int]], starts: np.ndarray, lengths: np.ndarray, flat
     # one np.repeat, and at most one pass more: token t of a piece comes from flat[t + delta]
     # (delta: its start in flat less its place in the rows; the padding gathers whatever,
     # clipped, and is overwritten), its position is t less the segment's first token, its
-    # segment id the piece's number in its row from 1 (0 on the padding). (cumsum over the
-    # jumps at each segment's first token, as before, cost ~2.3 ns a token a field here: three
-    # of them were half of a pool's lay-out.)
+    # segment id the piece's number in its row from 1 (0 on the padding).
     n_pieces = len(order)
     seg_at = np.concatenate((piece_at, pad_at))
     perm = np.argsort(seg_at, kind="stable")
