@@ -1,8 +1,10 @@
 """Text graph throughput against bare Python loops doing the same reading and tokenizing (issue 18).
 
 Contenders, timed side by side in one process, in alternating rounds (the order rotates each
-round, so drift and other processes' load hit all of them), ``--epochs`` epochs each, over
-the bundled docstring corpus (examples/data/text-sample):
+round, so drift and other processes' load hit all of them; each starts after a full garbage
+collection, so none pays for one that the allocations of those before it made due: ~50 ms with
+torch loaded, as long as a whole run), ``--epochs`` epochs each, over the bundled docstring
+corpus (examples/data/text-sample):
 
 The table also gives the graph's padding waste (1 - pad_collate's padding efficiency) and,
 below it, the size of a mid-epoch state and the time to take one.
@@ -53,6 +55,7 @@ it), with the per-node wrapper (``Counted``), a count-only wrapper and no wrappe
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import json
 import os
@@ -307,7 +310,8 @@ def run_rounds(contenders: dict[str, Callable[[], dict[str, float]]], rounds: in
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            cpu0 = cpu_snapshot()
+            gc.collect()  # a full collection (~50 ms with torch loaded, as long as a run) that the
+            cpu0 = cpu_snapshot()  # ones before made due runs here, not in this contender's time
             t0 = time.perf_counter()
             res = contenders[name]()
             res["foreign"] = foreign_share(cpu0, cpu_snapshot(), time.perf_counter() - t0)
