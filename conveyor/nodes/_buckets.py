@@ -148,6 +148,27 @@ def pool_items(b: int, pool: int, batch_sizes: list[int] | None, max_tokens: int
     return max(math.ceil(pool * max_tokens / max((lo + hi) / 2, 1)), pool)  # type: ignore[operator]
 
 
+_WALK = 8  # batch ends a walk of at most this many items finds; farther ones are bisected
+
+
+def _batch_end(padded: list[int], start: int, n: int, budget: int) -> int:
+    """The end of the batch from ``start`` in a pool sorted by length (``padded``, each at least
+    1): as many items as fit ``budget`` (their count x the longest's padded length), one at
+    least. No batch from ``start`` holds more than ``budget // padded[start]`` items (``hi``);
+    one of ``budget // padded[hi - 1]`` fits, its items being no longer. In a bucket of similar
+    lengths the two bounds are a few items apart, walked in Python steps where a bisection's
+    key calls had cost a few times more; bounds farther apart are bisected."""
+    hi = min(n, start + budget // padded[start])
+    if hi <= start + 1:
+        return start + 1  # one item, alone over the budget or not
+    lo = min(hi, max(start + 1, start + budget // padded[hi - 1]))
+    if hi - lo > _WALK:
+        return bisect_left(range(lo, hi), True, key=lambda i: (i + 1 - start) * padded[i] > budget) + lo
+    while lo < hi and (lo + 1 - start) * padded[lo] <= budget:
+        lo += 1
+    return lo
+
+
 def cut_sorted(lens: list[int], *, size: int | None, budget: int | None,
                multiple: int | None) -> tuple[list[tuple[int, int]], bool]:
     """Cut a pool sorted by length (``lens``) into batches of ``size`` items, or of as many as
@@ -173,8 +194,7 @@ def cut_sorted(lens: list[int], *, size: int | None, budget: int | None,
     padded = np.maximum(arr, 1).tolist()
     start = 0
     while True:  # sorted: entry i is the longest of [start, i], so (i + 1 - start) * padded[i] grows with i
-        end = bisect_left(range(start + 1, n), True,
-                          key=lambda i: (i + 1 - start) * padded[i] > budget) + start + 1  # type: ignore[operator]
+        end = _batch_end(padded, start, n, budget)  # type: ignore[arg-type]
         if end >= n:
             break
         cuts.append((start, end))
