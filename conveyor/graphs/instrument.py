@@ -17,9 +17,10 @@ current epoch:
 
 graphs/probes.py reads the last two inside the node; graphs/stats.py makes figures of them all.
 
-Timing a call costs two ``perf_counter`` calls and a few attribute updates: ~300 ns inside
-a real pipeline, several percent of a graph whose items cost ~20 us, nothing next to a JPEG
-decode. So each thread's outermost node times its calls, with every call they make in that
+Timing a call costs two ``perf_counter`` calls and a few attribute updates: ~750 ns inside
+a real pipeline (text.yaml with every call timed against none, 2026-12-06: 0.37 ms an epoch
+over its ~500 calls), several percent of a graph whose items cost ~20 us, nothing next to a
+JPEG decode. So each thread's outermost node times its calls, with every call they make in that
 thread, as often as keeps that cost near 0.5 % of their time: every call where the work is
 heavy (images), one in up to 64 at random, weighted by that number, where it is light (see
 ``Counted``). The warm-up is short (16 calls): a text graph's outermost call is a batch of a
@@ -56,7 +57,8 @@ _QUEUE_EVERY = 4  # a buffered node samples its queue on every 4th timed call
 # an outermost node times its first calls (the warm-up), then one in "every", at
 _TARGET = 0.005   # random, with the calls it makes in its thread, weighted by "every": as
 _MAX_EVERY = 64   # many as keep timing near 0.5 % of the time the calls take (at most 1 in 64)
-_TIMING_COST = 300e-9  # seconds one timed call costs inside a pipeline (stats_overhead.py)
+_TIMING_COST = 750e-9  # seconds one timed call costs inside a pipeline (see above; 300 ns had
+                       # made text.yaml's timing cost ~1 %, not 0.5 %)
 _ADAPT = 16       # timed calls between two choices of "every" (the first choice ends the warm-up),
 _ADAPT_NESTED = 512  # or fewer once they made this many timed calls in their thread
 _CLOCKS_PER_TIMED = 5  # a timed call costs about 5 clock reads (2 reads and the bookkeeping)
