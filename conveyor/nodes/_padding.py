@@ -157,12 +157,13 @@ def _masks(sizes: np.ndarray, longest: int, side: str) -> np.ndarray:
 
 def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side: str,
                 multiple: int | None, dtype: torch.dtype | None,
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None:
-    """``pad_field`` of numpy arrays, and their real tokens: joined in one call, then copied
-    into one buffer (of ``dtype``, cast on the way) through the mask in one more (the mask walks the real tokens in
-    row order, the order of the arrays joined); no Python per sample but its length. None for
-    anything unusual (mixed dtypes or dims, non-numeric arrays, other types among the arrays,
-    a ``dtype`` numpy lacks), which the tensor path then handles or refuses."""
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int] | None:
+    """``pad_field`` of numpy arrays, and their real and padded tokens (rows x padded length):
+    joined in one call, then copied into one buffer (of ``dtype``, cast on the way) through the
+    mask in one more (the mask walks the real tokens in row order, the order of the arrays
+    joined); no Python per sample but its length. None for anything unusual (mixed dtypes or
+    dims, non-numeric arrays, other types among the arrays, a ``dtype`` numpy lacks), which the
+    tensor path then handles or refuses."""
     given = values[0].dtype
     out_dtype = given if dtype is None else _NUMPY.get(dtype)
     if given.kind not in "biuf" or out_dtype is None:
@@ -178,10 +179,12 @@ def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side:
     if multiple and longest % multiple:
         longest += multiple - longest % multiple
     sizes = np.array(counts, dtype=np.int64)
+    rows = len(counts)
     mask = _masks(sizes, longest, side)
-    shape = (len(counts), longest, *flat.shape[1:])
+    shape = (rows, longest) if flat.ndim == 1 else (rows, longest, *flat.shape[1:])
     if pad_value != 0:
         _check_pad(name, pad_value, out_dtype)
     out = np.zeros(shape, out_dtype) if pad_value == 0 else np.full(shape, pad_value, dtype=out_dtype)
     out[mask] = flat
-    return torch.from_numpy(out), torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64)), len(flat)
+    return (torch.from_numpy(out), torch.from_numpy(sizes), torch.from_numpy(mask.astype(np.int64)), len(flat),
+            rows * longest)

@@ -116,10 +116,10 @@ def _lean_dict(samples: Sequence[Any], first: dict, names: Sequence[Any], value_
             got = _pad_arrays(values, key, value_for(key), side, multiple, dtype)
             if got is None:
                 return None
-            p, lengths, mask, tokens = got
+            p, lengths, mask, tokens, room = got
             out[key] = p
             real += tokens
-            padded_tokens += p.shape[0] * p.shape[1]
+            padded_tokens += room
             if one:
                 extra["lengths"], extra["attention_mask"] = lengths, mask
             else:
@@ -131,7 +131,7 @@ def _lean_dict(samples: Sequence[Any], first: dict, names: Sequence[Any], value_
                     ints = np.array(values)
                 except (OverflowError, ValueError):
                     return None
-                if ints.dtype != np.int64:
+                if ints.dtype is not _INT64:  # (numpy's own int64: one object)
                     return None
                 out[key] = torch.from_numpy(ints)
             elif kind is str and _STR.issuperset(map(type, values)):
@@ -143,6 +143,7 @@ def _lean_dict(samples: Sequence[Any], first: dict, names: Sequence[Any], value_
 
 
 _DICT, _STR = frozenset({dict}), frozenset({str})
+_INT64 = np.dtype(np.int64)
 
 
 def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
