@@ -295,6 +295,39 @@ def test_a_consumer_away_between_items_gets_a_thread_and_gives_it_back(no_new_th
     assert not _threads()
 
 
+def _spin(seconds: float) -> None:
+    """Python work for ``seconds``, holding the GIL (a consumer's step in pure Python)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_consumer_whose_time_away_holds_the_gil_gets_its_items_made_inline(no_new_threads) -> None:
+    # cheap items, a consumer away ~50 us between them in Python: away is many times the make
+    # time, so the first look starts a thread; but the thread cannot run while the consumer
+    # holds the GIL, and each hand-over costs thread switches, so the consumer waits longer for
+    # an item than making it takes: the next look parks the thread, and it is not started again
+    # for that same time away (a graph whose output is records had paid ~17 us an item so)
+    n = FIRST_WINDOW + 6 * WINDOW
+    node = Prefetch(IterableWrapper(range(n)), depth=4)
+    node.reset()
+    got = []
+    for _ in range(FIRST_WINDOW + 1):
+        got.append(next(node))
+        _spin(5e-5)
+    assert not node.inline and node.switches == 1 and _threads()  # away >> make: a thread
+    for _ in range(2 * WINDOW):
+        got.append(next(node))
+        _spin(5e-5)
+    assert node.inline and node.switches == 2 and not _threads()  # it lost: parked
+    for item in node:
+        got.append(item)
+        _spin(5e-5)
+    assert got == list(range(n))
+    assert node.inline and node.switches == 2 and not _threads()  # not started again
+    node.close()
+
+
 def test_adapt_false_keeps_the_thread() -> None:
     node = Prefetch(_Slow(3 * WINDOW, 0.0005), depth=4, adapt=False)
     node.reset()

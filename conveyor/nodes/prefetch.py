@@ -33,7 +33,11 @@ items and then over each ``WINDOW``, the consumer's time away (the median) again
 an item takes to make (the mean: a packer makes a pool's rows at once): away over
 ``TO_THREAD`` of it, a thread is started; away under ``TO_INLINE`` of it, the thread is parked
 after its current item (what it made is handed out first) and the items are made inline
-again. The mode holds across epochs. A trainer thus waits for its first ``FIRST_WINDOW``
+again. A thread is parked too where the consumer waited longer for each item than the item
+takes to make: its time away holds the GIL (Python work), so the thread cannot run meanwhile,
+and each hand-over costs thread switches (a graph whose output is records, ~1 us each, had
+paid ~17 us an item so on this project's VM, against ~3 inline); it is started again only for a
+time away twice that one. The mode holds across epochs. A trainer thus waits for its first ``FIRST_WINDOW``
 batches as they are made (their make time, once in the loader's life); a consumer that comes
 straight back never pays for a thread (one started first, then parked, had cost
 pretrain.yaml's loader its first epoch's start: ``benchmarks/checkouts_ab.py``). Made inline,
@@ -194,6 +198,8 @@ class Prefetch(BaseNode):
         self._taken = 0
         self._made = 0
         self._make_s = 0.0
+        self._wait_s = 0.0  # the consumer's time waiting for the thread's lists, this window
+        self._lost_away = 0.0  # the time away at which a thread last lost (see _look); 0: none
         self._window = FIRST_WINDOW
 
     def close(self) -> None:
@@ -254,7 +260,7 @@ class Prefetch(BaseNode):
         self._done = self._closed = False
         self._got, self._at = [], 0
         self._back = None
-        self._aways, self._taken, self._made, self._make_s = [], 0, 0, 0.0
+        self._aways, self._taken, self._made, self._make_s, self._wait_s = [], 0, 0, 0.0, 0.0
         if not self.inline:
             self._start()
 
@@ -306,7 +312,9 @@ class Prefetch(BaseNode):
         if self._thread is None:  # closed meanwhile
             raise StopIteration
         if self._at >= len(self._got):
+            t0 = perf_counter()
             self._got, self._at = self._wait(), 0
+            self._wait_s += perf_counter() - t0
         item, state = self._got[self._at]
         self._at += 1
         if item is _PARKED:  # everything the thread made has been handed out: go on inline
@@ -343,14 +351,17 @@ class Prefetch(BaseNode):
         aways = sorted(self._aways)
         away = aways[len(aways) // 2] if aways else 0.0  # the median: a consumer preempted now and
         make = make_s / made if made else 0.0             # then on a busy host still comes straight back
-        self._aways, self._taken, self._made, self._make_s = [], 0, 0, 0.0
+        wait = self._wait_s / self._taken if self._taken else 0.0
+        self._aways, self._taken, self._made, self._make_s, self._wait_s = [], 0, 0, 0.0, 0.0
         self._window = WINDOW
         if not make:
             return
-        if not self.inline and not held.park and away < TO_INLINE * make:
-            held.park = True  # the thread stops after its current item; its items come first
-            self._prefer_inline = True
-        elif self.inline and away > TO_THREAD * make:
+        if not self.inline and not held.park and (away < TO_INLINE * make or wait > make):
+            if wait > make:  # the consumer waited longer for each item than making it takes:
+                self._lost_away = away  # its time away holds the GIL (Python work), so the thread
+            held.park = True            # cannot run meanwhile, and each hand-over costs thread switches
+            self._prefer_inline = True  # (the thread stops after its current item; its items come first)
+        elif self.inline and away > TO_THREAD * make and away > 2 * self._lost_away:
             self._prefer_inline = False
             self.switches += 1
             self._start()
