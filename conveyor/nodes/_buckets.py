@@ -203,6 +203,15 @@ def cut_sorted(lens: list[int], *, size: int | None, budget: int | None,
     return cuts, (n - start + 1) * padded[n - 1] <= budget  # type: ignore[operator]
 
 
+def _by_length(lens: list[int]) -> list[int]:
+    """The positions of ``lens`` by length, equal lengths in their input order (a stable
+    sort): numpy's for a pool of more than a few dozen (a third less than ``sorted`` with a
+    key on text.yaml's pools of ~240), ``sorted``'s below that."""
+    if len(lens) < 64:
+        return sorted(range(len(lens)), key=lens.__getitem__)
+    return np.array(lens, dtype=np.int64).argsort(kind="stable").tolist()
+
+
 class Batch:
     """A batch cut from a pool: its bucket, items, longest length and real tokens."""
 
@@ -256,7 +265,7 @@ class Pools:
             self.tokens[b] = 0
             self.emit_first = min(self.emit_first, first)
             self.emit_counts[b] = len(items)
-            order = sorted(range(len(lens)), key=lens.__getitem__)  # stable: equal lengths keep their input order
+            order = _by_length(lens)
             batches.extend(split(b, list(map(lens.__getitem__, order)), list(map(items.__getitem__, order)),
                                  which == ALL))
         self.oldest = min(self.first)
