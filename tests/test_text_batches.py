@@ -517,7 +517,7 @@ def test_pad_collates_lean_dict_path_gives_what_the_general_one_gives(case):
     if case == "plain":  # (the cases agree with the general path; this one also with the numbers)
         from conveyor.nodes import pad_collate as module
 
-        assert module._lean_dict(samples, samples[0], kw["fields"], lambda name: 0, "right", 8, torch.int64) is not None
+        assert module._lean_dict(samples, samples[0], kw["fields"], 0, "right", 8, torch.int64) is not None
         batch, real, padded = got
         assert batch["input_ids"].shape == (5, 24) and batch["input_ids"].dtype == torch.int64
         assert batch["lengths"].tolist() == [5, 17, 9, 1, 12] and (real, padded) == (44, 120)

@@ -86,8 +86,17 @@ def _unpadded(name: Any, values: list, samples: Sequence[Any], exc: Exception) -
     return exc
 
 
-def _lean_dict(samples: Sequence[Any], first: dict, names: Sequence[Any], value_for: Any, side: str,
-               multiple: int | None, dtype: torch.dtype | None) -> tuple[dict, int, int] | None:
+def _pad_value(pad_value: float | Mapping[Any, float], name: Any) -> float:
+    """The value field ``name`` is padded with (a mapping's absent fields: 0)."""
+    if type(pad_value) is int or type(pad_value) is float:  # (isinstance of an ABC is slow)
+        return pad_value
+    if isinstance(pad_value, Mapping):
+        return pad_value.get(name, 0)
+    return pad_value
+
+
+def _lean_dict(samples: Sequence[Any], first: dict, names: Sequence[Any], pad_value: float | Mapping[Any, float],
+               side: str, multiple: int | None, dtype: torch.dtype | None) -> tuple[dict, int, int] | None:
     """The dict path for its common case (text.yaml's: dict samples whose named fields are
     numpy arrays, the others ints and strs), with no per-field dispatch: the general path's
     Python set-up is much of pad_collate's cost for short texts. None, having changed nothing, for anything else (a missing or unusual field, a
@@ -113,7 +122,7 @@ def _lean_dict(samples: Sequence[Any], first: dict, names: Sequence[Any], value_
         if key in names:
             if type(values[0]) is not np.ndarray:
                 return None
-            got = _pad_arrays(values, key, value_for(key), side, multiple, dtype)
+            got = _pad_arrays(values, key, _pad_value(pad_value, key), side, multiple, dtype)
             if got is None:
                 return None
             p, lengths, mask, tokens, room = got
@@ -161,22 +170,14 @@ def pad_collate(samples: Sequence[Any], *, fields: Sequence[Any] | None = None,
     if not samples:
         raise ValueError("pad_collate got an empty batch")
     first = samples[0]
-
-    plain = type(pad_value) is int or type(pad_value) is float  # (isinstance of an ABC is slow)
-
-    def value_for(name: Any) -> float:
-        if not plain and isinstance(pad_value, Mapping):
-            return pad_value.get(name, 0)
-        return pad_value
-
-    def pad(name: Any, values: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return pad_field(values, name=name, pad_value=value_for(name), side=side, multiple=pad_to_multiple_of,
-                         dtype=dtype)
-
     if fields is not None and type(first) is dict and type(first.get(fields[0])) is np.ndarray:
-        lean = _lean_dict(samples, first, fields, value_for, side, pad_to_multiple_of, dtype)
+        lean = _lean_dict(samples, first, fields, pad_value, side, pad_to_multiple_of, dtype)
         if lean is not None:
             return lean
+
+    def pad(name: Any, values: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return pad_field(values, name=name, pad_value=_pad_value(pad_value, name), side=side,
+                         multiple=pad_to_multiple_of, dtype=dtype)
     real = padded_tokens = 0
     if _is_seq(first) or (isinstance(first, torch.Tensor) and fields is None and first.dim() >= 1):
         p, lengths, mask = pad("sequence", list(samples))
