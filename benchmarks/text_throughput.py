@@ -310,8 +310,10 @@ def run_rounds(contenders: dict[str, Callable[[], dict[str, float]]], rounds: in
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            gc.collect()  # a full collection (~50 ms with torch loaded, as long as a run) that the
-            cpu0 = cpu_snapshot()  # ones before made due runs here, not in this contender's time
+            # a full collection (~50 ms with torch loaded, as long as a run) that the ones
+            # before made due runs here, not in this contender's time
+            gc.collect()
+            cpu0 = cpu_snapshot()
             t0 = time.perf_counter()
             res = contenders[name]()
             res["foreign"] = foreign_share(cpu0, cpu_snapshot(), time.perf_counter() - t0)

@@ -302,8 +302,8 @@ def test_names_left_by_a_killed_driver_are_removed_once_old_and_no_others(tmp_pa
     hour_ago = time.time() - 2 * named_slots.ORPHAN_AGE
     for path in (old, live, other):
         os.utime(path, (hour_ago, hour_ago))
+    zombie_name = f"/dev/shm/conveyor-ray-{zombie.pid}-{tag}-w0-l1-s0"
     try:
-        zombie_name = f"/dev/shm/conveyor-ray-{zombie.pid}-{tag}-w0-l1-s0"
         with open(zombie_name, "wb") as f:
             f.write(b"x")
         os.utime(zombie_name, (hour_ago, hour_ago))
@@ -313,7 +313,7 @@ def test_names_left_by_a_killed_driver_are_removed_once_old_and_no_others(tmp_pa
         assert os.path.exists(fresh)  # too young: a driver in another pid namespace may be mapping it
         assert os.path.exists(live) and os.path.exists(other)
     finally:
-        for path in (old, fresh, live, other, f"/dev/shm/conveyor-ray-{zombie.pid}-{tag}-w0-l1-s0"):
+        for path in (old, fresh, live, other, zombie_name):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         zombie.wait()

@@ -181,7 +181,7 @@ def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side:
     sizes = np.array(counts, dtype=np.int64)
     rows = len(counts)
     mask = _masks(sizes, longest, side)
-    shape = (rows, longest) if flat.ndim == 1 else (rows, longest, *flat.shape[1:])
+    shape = (rows, longest, *flat.shape[1:])
     if pad_value != 0:
         _check_pad(name, pad_value, out_dtype)
     out = np.zeros(shape, out_dtype) if pad_value == 0 else np.full(shape, pad_value, dtype=out_dtype)

@@ -356,11 +356,15 @@ class Prefetch(BaseNode):
         self._window = WINDOW
         if not make:
             return
+        # wait > make: the consumer waited longer for each item than making it takes; its time
+        # away holds the GIL (Python work), so the thread cannot run meanwhile, and each
+        # hand-over costs thread switches. Parked, the thread stops after its current item
+        # and its items come first.
         if not self.inline and not held.park and (away < TO_INLINE * make or wait > make):
-            if wait > make:  # the consumer waited longer for each item than making it takes:
-                self._lost_away = away  # its time away holds the GIL (Python work), so the thread
-            held.park = True            # cannot run meanwhile, and each hand-over costs thread switches
-            self._prefer_inline = True  # (the thread stops after its current item; its items come first)
+            if wait > make:
+                self._lost_away = away
+            held.park = True
+            self._prefer_inline = True
         elif self.inline and away > TO_THREAD * make and away > 2 * self._lost_away:
             self._prefer_inline = False
             self.switches += 1
