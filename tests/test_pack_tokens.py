@@ -196,6 +196,29 @@ def test_arrays_are_written_again_only_when_no_batch_of_theirs_is_held():
     assert {id(a) for a in node._buffers["input_ids"].arrays} <= made
 
 
+def test_a_consumer_that_holds_only_its_batch_gets_every_pool_in_one_set_of_arrays():
+    """The batch a pool ends with (held by the loop while the next pool is laid out) is a copy,
+    and the gather's scratch lives in the outputs: a fresh node makes one array per field and
+    shape, not a second set for the second pool (fresh memory is page faults)."""
+    lengths = [int(x) for x in np.random.default_rng(4).integers(1, 100, 600)]
+    node = PackTokens(IterableWrapper(_docs(lengths)), seq_len=128, pool=50, batch_size=4)
+    node.reset()
+    want = [{k: v.clone() for k, v in b.items()} for b in node]
+    node.reset()
+    got = []
+    for batch in node:  # the loop holds one batch at a time
+        got.append({k: v.clone() for k, v in batch.items()})
+    assert len(got) == len(want) and all(torch.equal(g[k], w[k]) for g, w in zip(got, want) for k in w)
+    fresh = PackTokens(IterableWrapper(_docs(lengths)), seq_len=128, pool=50, batch_size=4)
+    fresh.reset()
+    for batch in fresh:
+        pass
+    assert set(fresh._buffers) == {"input_ids", "labels", "position_ids", "segment_ids", "cu_seqlens"}
+    for field, buffers in fresh._buffers.items():
+        shapes = [a.shape for a in buffers.arrays]
+        assert len(shapes) == len(set(shapes)), (field, shapes)
+
+
 def test_best_fit_pads_no_more_than_first_fit_on_the_text_sample():
     from conveyor.text import byte_tokenize
 

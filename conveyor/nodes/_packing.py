@@ -106,11 +106,11 @@ def lay_out(rows: list[list[int]], starts: np.ndarray, lengths: np.ndarray, flat
     empty. ``cu_seqlens`` has ``width`` entries a row: ``0, l1, l1 + l2, ..., seq_len``, then
     ``seq_len`` repeated.
 
-    No Python loop runs per piece or per token (one runs per padded row). The outputs, and
-    the scratch arrays of the pool's size (the gather's index; the tokens where their dtype is
-    not ``dtype``), are asked of ``get(field, shape, dtype)``, which may hand out a recycled
-    one (a fresh 1.6 MB array costs ~400 page faults, more than the numpy work on it); the
-    only other arrays of a pool's size are three ``np.repeat`` of 32-bit values. Every
+    No Python loop runs per piece or per token (one runs per padded row). The outputs are
+    asked of ``get(field, shape, dtype)``, which may hand out a recycled one (a fresh 1.6 MB
+    array costs ~400 page faults, more than the numpy work on it); the gather's scratch (its
+    index; the tokens where their dtype is not ``dtype``) lives in outputs written after it,
+    and the only other arrays of a pool's size are three ``np.repeat`` of 32-bit values. Every
     per-token field is a value per segment spread by ``np.repeat`` and one pass more (three
     ``cumsum`` passes over jumps had been half the time: ~2.3 ns a token each; 2.46 -> 1.18 ms
     a pool of pretrain.yaml's, 2026-12-06).
@@ -149,13 +149,16 @@ def lay_out(rows: list[list[int]], starts: np.ndarray, lengths: np.ndarray, flat
     steps = _arange(size)
     narrow = np.int32 if size + len(flat) < 1 << 31 else np.int64  # (a narrow repeat halves its new memory)
     delta = np.concatenate((starts[order] - piece_at, -pad_at))[perm].astype(narrow)
-    index = get("index", (size,), np.int64)
+    # The gather's index lives in the labels' memory and the gathered tokens, where their
+    # dtype is not the ids', in the positions': both are written only after (scratch arrays of
+    # their own had been 2.5 MB more of fresh memory a pool: ~600 page faults a loader)
+    ids, labels, positions = out("input_ids", dtype), out("labels", ROW_INT), out("position_ids", ROW_INT)
+    index = labels.reshape(-1)
     np.add(steps, np.repeat(delta, seg_len), out=index)
-    ids, labels = out("input_ids", dtype), out("labels", ROW_INT)
     if flat.dtype == ids.dtype:
         np.take(flat, index, out=ids.reshape(-1), mode="clip")
     else:  # (take writes only its input's dtype)
-        tokens = get("tokens", (size,), flat.dtype)
+        tokens = positions.reshape(-1).view(flat.dtype)[:size]  # (an id is at most 8 bytes wide)
         np.take(flat, index, out=tokens, mode="clip")
         np.copyto(ids.reshape(-1), tokens)
     np.copyto(labels, ids)
@@ -166,7 +169,6 @@ def lay_out(rows: list[list[int]], starts: np.ndarray, lengths: np.ndarray, flat
         labels.reshape(-1)[piece_at] = ignore_index
 
     # positions from 0 at each segment (the padding's too)
-    positions = out("position_ids", ROW_INT)
     np.subtract(steps, np.repeat(seg_at.astype(narrow), seg_len), out=positions.reshape(-1))
 
     # segment ids 1, 2, ... per row, 0 on padding

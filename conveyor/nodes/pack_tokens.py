@@ -408,24 +408,32 @@ class PackTokens(BaseNode[dict]):
 
     def _next_batch(self) -> dict:
         """``batch_size`` rows, collated: the rows of one pool are a slice of its arrays (no
-        copy); a batch across two pools joins the two slices."""
+        copy); a batch across two pools joins the two slices.
+
+        The pool's last batch of its own, and the part of a batch a pool ends, are copies: the
+        consumer holds that batch (or the part waits) while the next pool is laid out, and a
+        slice would keep the pool's arrays from being written again, so a fresh loader's first
+        epoch had made a second set of them (~8 MB of fresh memory, ~2,000 page faults: a few
+        milliseconds; benchmarks/pack_profile.py). A copy is one batch a pool."""
         i, size = self._i, self.batch_size
         if i + size <= self._n and self._rows is not None:  # the common batch: inside the pool
             self._i = i + size
             self._count(i, i + size)
-            return {k: torch.from_numpy(v[i:i + size]) for k, v in self._arrays.items()}
+            if i + 2 * size <= self._n:
+                return {k: torch.from_numpy(v[i:i + size]) for k, v in self._arrays.items()}
+            return {k: torch.from_numpy(v[i:i + size].copy()) for k, v in self._arrays.items()}
         parts: list[dict[str, np.ndarray]] = []
         need = size
         while need and self._pool_left():
             i = self._i
             take = min(need, self._n - i)
-            parts.append({k: v[i:i + take] for k, v in self._arrays.items()})
+            parts.append({k: v[i:i + take].copy() for k, v in self._arrays.items()})
             self._count(i, i + take)
             self._i = i + take
             need -= take
         if not parts or (need and self.drop_last):
             raise StopIteration
-        if len(parts) == 1:  # (numpy slices and from_numpy: a third of torch's slicing)
+        if len(parts) == 1:  # (numpy arrays and from_numpy: a third of torch's slicing)
             return {k: torch.from_numpy(v) for k, v in parts[0].items()}
         return {k: torch.from_numpy(np.concatenate([p[k] for p in parts])) for k in parts[0]}
 
