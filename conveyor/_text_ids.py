@@ -163,7 +163,7 @@ def _byte_batch(items: list, field: str, max_length: int | None, bos: int | None
     if keep is not None:
         datas = [d[:keep] for d in datas]  # a bytes no longer than keep is itself
     if bos is None and eos is None:
-        lengths = [len(d) for d in datas]
+        lengths = list(map(len, datas))
         body = np.frombuffer(bytearray().join(datas), np.uint8)  # (writable, unlike a bytes' buffer)
         buf = body if dtype == np.uint8 else body.astype(dtype)
     else:  # a byte held for each special id in the join, then widened and overwritten: one
