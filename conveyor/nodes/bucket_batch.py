@@ -79,7 +79,9 @@ from conveyor.nodes.capabilities import take
 from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, ListOf, Real, STATS_SHAPE
 
 log = logging.getLogger(__name__)
-_CHUNK = 256  # input items read at once (the input's state is kept at chunk starts)
+_CHUNK = 1024  # the most input items read at once (the input's state is kept at chunk starts, so a
+               # chunk is at most a snapshot interval: _set_boundaries). 1,024 against 256: text.yaml
+               # ~2 % faster (a quarter of the per-chunk numpy calls; the same batches)
 _BULK_MIN = 16  # a shorter chunk goes item by item (numpy's calls cost more than they save)
 _ADDED, _ONE = -3, -4  # _bulk: added without a cut; the first item is for _add
 _INF = float("inf")
@@ -182,6 +184,7 @@ class BucketBatch(BaseNode[list]):
                     for b in range(self.n_buckets))
         self.max_pending = self._max_pending_arg or max(4 * items, 64)
         self._snap_every = max(self.max_pending // 8, 1)
+        self._chunk = min(_CHUNK, max(self._snap_every, _BULK_MIN))  # (a restore replays no more for it)
         self._n_bounds = len(bounds)
         self._bounds_array = np.array(bounds, dtype=np.int64)
         self._by_tokens = self.batch_sizes is None
@@ -402,7 +405,7 @@ class BucketBatch(BaseNode[list]):
                 snap = self._chunk_snap = _Snap(self._pos, source.state_dict(), list(p.read))
                 if snap.pos - self._snaps[-1].pos >= snap_every:
                     self._snaps.append(snap)
-                self._pending, self._pi = pending, pi = take(source, _CHUNK), 0
+                self._pending, self._pi = pending, pi = take(source, self._chunk), 0
                 self._lens, self._bks, self._arrays = self._sized(pending)
             lens, bks = self._lens, self._bks
             end = len(pending)
