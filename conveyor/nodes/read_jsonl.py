@@ -88,8 +88,6 @@ ON_ERROR = ("raise", "skip")
 LINE_BITS = 32
 _NONES = [None] * 1024
 _FLAT = frozenset((str, int, float, bool, type(None)))  # a record of these values is one level deep
-_DICT = frozenset((dict,))
-_STR = frozenset((str,))
 
 
 class ReadJsonl(BaseNode[dict]):
@@ -362,9 +360,11 @@ class ReadJsonl(BaseNode[dict]):
             records = list(map(_fast_loads, chunk))  # type: ignore[arg-type]
         except ValueError:  # orjson.JSONDecodeError: that line, and those around it, one by one
             return None
-        if not _DICT.issuperset(map(type, records)):
+        try:  # (dict.values refuses a record that is not a dict: no pass of its own for that)
+            flat = _FLAT.issuperset(map(type, chain.from_iterable(map(dict.values, records))))
+        except TypeError:
             return None
-        if not _FLAT.issuperset(map(type, chain.from_iterable(map(dict.values, records)))):
+        if not flat:
             for record, raw in zip(records, chunk):  # some hold a list or a dict: how deep? (_fast_record)
                 if not _FLAT.issuperset(map(type, record.values())) and len(raw) >= NESTED and (
                         raw.count(b"[") + raw.count(b"{") >= NESTED):
@@ -372,7 +372,10 @@ class ReadJsonl(BaseNode[dict]):
         field = self.field
         if field is not None:
             values = list(map(dict.get, records, repeat(field)))
-            if not _STR.issuperset(map(type, values)) or not all(values) or any(map(str.isspace, values)):
+            try:  # (str.isspace refuses a value that is not a str)
+                if not all(values) or any(map(str.isspace, values)):
+                    return None
+            except TypeError:
                 return None
         # the provenance, in C-level passes (a Python loop over the records was a third of the node)
         k = len(records)
