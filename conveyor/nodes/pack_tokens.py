@@ -427,7 +427,8 @@ class PackTokens(BaseNode[dict]):
         while need and self._pool_left():
             i = self._i
             take = min(need, self._n - i)
-            parts.append({k: v[i:i + take].copy() for k, v in self._arrays.items()})
+            ends = i + take == self._n  # (then the next pool may be laid out while this part waits)
+            parts.append({k: v[i:i + take].copy() if ends else v[i:i + take] for k, v in self._arrays.items()})
             self._count(i, i + take)
             self._i = i + take
             need -= take
