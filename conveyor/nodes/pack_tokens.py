@@ -419,9 +419,9 @@ class PackTokens(BaseNode[dict]):
         if i + size <= self._n and self._rows is not None:  # the common batch: inside the pool
             self._i = i + size
             self._count(i, i + size)
-            if i + 2 * size <= self._n:
-                return {k: torch.from_numpy(v[i:i + size]) for k, v in self._arrays.items()}
-            return {k: torch.from_numpy(v[i:i + size].copy()) for k, v in self._arrays.items()}
+            last = i + 2 * size > self._n  # the pool's last batch of its own: a copy (above)
+            return {k: torch.from_numpy(v[i:i + size].copy() if last else v[i:i + size])
+                    for k, v in self._arrays.items()}
         parts: list[dict[str, np.ndarray]] = []
         need = size
         while need and self._pool_left():
