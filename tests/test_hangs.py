@@ -373,3 +373,75 @@ def test_worker_processes_fall_back_to_threads_when_main_comes_from_stdin(write_
     said = [line for line in out.stderr.splitlines() if "worker processes need a script file" in line]
     assert len(said) == 2 and "2 worker copies" in said[0] and "node 'parse' (map)" in said[1], said
     assert "__main__" not in out.stderr  # not the advice to add the guard the script already has
+
+
+# ----- one watchdog thread for the process -------------------------------------------------
+
+def _watchdog_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "conveyor-watchdog" and t.is_alive()]
+
+
+def test_every_watchdog_is_looked_at_by_one_thread_which_ends_after_the_last_stops(caplog) -> None:
+    from conveyor.graphs import watchdog as wd
+
+    assert _wait_until(lambda: not _watchdog_threads(), timeout=5)  # (none left by an earlier test)
+    moving = [0]
+    stalled = wd.Watchdog(0.2, progress=lambda: 0, report=lambda s: f"stalled dog: nothing for {s:.1f} s")
+    busy = wd.Watchdog(0.2, progress=lambda: moving[0], report=lambda s: "busy dog stalled")
+    with caplog.at_level(logging.WARNING, logger=wd.__name__):
+        stalled.start()
+        busy.start()
+        assert len(_watchdog_threads()) == 1
+        stalled.entered += 1  # a caller waits on each; only the stalled one's graph stands still
+        busy.entered += 1
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            moving[0] += 1
+            time.sleep(0.01)
+        stalled.stop()
+        busy.stop()
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("stalled dog: nothing for") for m in said), said
+    assert stalled.warnings >= 2  # and again every `after` seconds while the stall lasts
+    assert busy.warnings == 0 and "busy dog stalled" not in said
+    assert _wait_until(lambda: not _watchdog_threads(), timeout=wd._IDLE + 5)
+
+
+def test_loaders_made_one_after_another_share_the_watchdog_thread(write_spec) -> None:
+    spec = write_spec(STOPPABLE_SPEC.replace("workers: {copies: 2, method: process, until: parse}\n", ""))
+    threads = []
+    for _ in range(3):
+        with load_graph(spec) as loader:
+            assert sum(len(b) for b in loader) > 0
+            threads += _watchdog_threads()
+    assert len(threads) == 3 and len(set(threads)) == 1  # each loader's, the same thread
+
+
+def test_a_forked_child_gets_a_watchdog_thread_of_its_own() -> None:
+    import multiprocessing as mp
+
+    from conveyor.graphs import watchdog as wd
+
+    parent = wd.Watchdog(60, progress=lambda: 0, report=lambda s: "")
+    parent.start()  # the parent's thread runs while the child forks
+    try:
+        ctx = mp.get_context("fork")
+        child = ctx.Process(target=_child_watch)
+        child.start()
+        child.join(timeout=30)
+        assert child.exitcode == 0, child.exitcode
+    finally:
+        parent.stop()
+
+
+def _child_watch() -> None:
+    from conveyor.graphs import watchdog as wd
+
+    dog = wd.Watchdog(0.1, progress=lambda: 0, report=lambda s: "child stalled")
+    dog.start()
+    dog.entered += 1
+    deadline = time.monotonic() + 10
+    while not dog.warnings and time.monotonic() < deadline:
+        time.sleep(0.02)
+    dog.stop()
+    sys.exit(0 if dog.warnings else 3)

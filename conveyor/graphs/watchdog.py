@@ -1,16 +1,21 @@
 """watchdog: says where a stalled graph waits, instead of a silent hang.
 
 A worker process stopped with SIGSTOP, an ``fn`` blocked on a dead server or a lock, a
-source that never answers: iteration stops with no word. The loader's ``Watchdog`` is one
-daemon thread that looks every few seconds at two things: whether the caller is inside
-``next()``, and whether any node emitted an item (the graph's counters, which are exact).
-When the caller has waited ``after`` seconds with nothing moving anywhere, it logs a warning
-that walks the graph from the output to its inputs, each node with its items this epoch and,
-where a node can tell, what it waits on (a worker copy and its process state, items inside
-``fn``), and repeats it every ``after`` seconds while the stall lasts.
+source that never answers: iteration stops with no word. Each loader has a ``Watchdog`` that
+looks every few seconds at two things: whether the caller is inside ``next()``, and whether
+any node emitted an item (the graph's counters, which are exact). When the caller has waited
+``after`` seconds with nothing moving anywhere, it logs a warning that walks the graph from
+the output to its inputs, each node with its items this epoch and, where a node can tell,
+what it waits on (a worker copy and its process state, items inside ``fn``), and repeats it
+every ``after`` seconds while the stall lasts.
 
-The caller's side costs two integer increments per batch. The thread holds no reference to
-the loader, so a loader nobody closes is still collected (and closed) by the GC.
+The caller's side costs two integer increments per batch. One daemon thread of the process
+does the looking for every started watchdog (a thread a loader had cost each fresh loader
+~0.5 ms of its first epoch on this project's 2-core VM, its start and first run, and a
+thread each: benchmarks/text_throughput.py with ``watchdog: 0`` against the default); it ends
+``_IDLE`` seconds after the last watchdog stopped, so a process that makes loaders one after
+another keeps one. It holds the watchdogs, not their loaders, so a loader nobody closes is
+still collected (and closed, which stops its watchdog) by the GC.
 
 The delay is the spec's top-level ``watchdog`` (seconds, default 60; 0 turns it off).
 """
@@ -18,6 +23,7 @@ The delay is the spec's top-level ``watchdog`` (seconds, default 60; 0 turns it 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -25,6 +31,7 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 DEFAULT_AFTER = 60.0
+_IDLE = 1.0  # seconds the shared thread waits, with no watchdog started, before it ends
 
 
 class Watchdog:
@@ -37,6 +44,7 @@ class Watchdog:
 
     Example:
         >>> dog = Watchdog(60, progress=lambda: 0, report=lambda s: f"stalled {s:.0f} s")
+        >>> dog.start()
         >>> dog.entered += 1; dog.left += 1   # around each pull of a batch
         >>> dog.stop()
     """
@@ -45,48 +53,110 @@ class Watchdog:
         if not after > 0:
             raise ValueError(f"{after=} must be > 0")
         self.after = float(after)
+        self.tick = min(max(self.after / 4, 0.05), 5.0)  # seconds between two looks
         self.progress = progress
         self.report = report
         self.entered = 0  # pulls begun
         self.left = 0     # pulls ended (returned or raised)
         self.warnings = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._started = False
+        self._due = 0.0   # when the shared thread looks next (time.monotonic())
+        self._seen: tuple = ()
+        self._since = 0.0
+        self._warned_at: float | None = None
 
     def start(self) -> None:
-        """Start the thread (once; later calls do nothing)."""
-        if self._thread is None and not self._stop.is_set():
-            self._thread = threading.Thread(target=self._run, name="conveyor-watchdog", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        tick = min(max(self.after / 4, 0.05), 5.0)
-        seen: tuple = ()
-        since = time.monotonic()
-        warned_at: float | None = None
-        while not self._stop.wait(tick):
+        """Start watching (once; later calls, and calls after ``stop``, do nothing)."""
+        if not self._started and not self._stopped:
+            self._started = True
             now = time.monotonic()
+            self._since, self._due = now, now + self.tick
+            _watchers.add(self)
+
+    def look(self, now: float) -> None:
+        """One look (the shared thread's): warn if the caller has waited ``after`` seconds with
+        nothing moving, and again every ``after`` seconds while that lasts."""
+        try:
+            sig = (self.entered, self.left, self.progress())
+        except Exception:  # noqa: BLE001 - a counter read half-way through a reset: look again
+            return
+        if sig != self._seen or self.entered == self.left:  # something moved, or nobody waits
+            self._seen, self._since, self._warned_at = sig, now, None
+            return
+        if now - self._since >= self.after and (self._warned_at is None or now - self._warned_at >= self.after):
+            self._warned_at = now
+            self.warnings += 1
             try:
-                sig = (self.entered, self.left, self.progress())
-            except Exception:  # noqa: BLE001 - a counter read half-way through a reset: look again
-                continue
-            if sig != seen or self.entered == self.left:  # something moved, or nobody waits
-                seen, since, warned_at = sig, now, None
-                continue
-            if now - since >= self.after and (warned_at is None or now - warned_at >= self.after):
-                warned_at = now
-                self.warnings += 1
-                try:
-                    log.warning("%s", self.report(now - since))
-                except Exception:  # noqa: BLE001 - the report must not end the watch
-                    log.warning("no item has moved for %.0f s while the caller waits for a batch",
-                                now - since, exc_info=True)
+                log.warning("%s", self.report(now - self._since))
+            except Exception:  # noqa: BLE001 - the report must not end the watch
+                log.warning("no item has moved for %.0f s while the caller waits for a batch",
+                            now - self._since, exc_info=True)
 
     def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=1)
+        """Stop watching (safe to call twice, and from any thread)."""
+        self._stopped = True
+        _watchers.discard(self)
+
+
+class _Watchers:
+    """The started watchdogs of the process and the one thread that looks at them, each at its
+    own ``tick``; the thread starts with the first watchdog and ends ``_IDLE`` seconds after
+    the last one stopped."""
+
+    def __init__(self) -> None:
+        self._forget()
+
+    def _forget(self) -> None:
+        """No watchdog, no thread: at the start, and in a forked child (which has no thread; its
+        lock may have been held by the parent's thread at the fork)."""
+        self._cond = threading.Condition(threading.Lock())
+        self._dogs: set[Watchdog] = set()
+        self._thread: threading.Thread | None = None
+
+    def add(self, dog: Watchdog) -> None:
+        with self._cond:
+            self._dogs.add(dog)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="conveyor-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def discard(self, dog: Watchdog) -> None:
+        with self._cond:
+            self._dogs.discard(dog)
+            self._cond.notify()
+
+    def thread(self) -> threading.Thread | None:
+        """The looking thread, while there is one."""
+        return self._thread
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                if not self._dogs:
+                    cond.wait(_IDLE)
+                    if not self._dogs:
+                        self._thread = None
+                        return
+                    continue
+                now = time.monotonic()
+                wake = min(d._due for d in self._dogs)
+                if wake > now:
+                    cond.wait(wake - now)
+                    continue
+                due = [d for d in self._dogs if d._due <= now]
+                for d in due:
+                    d._due = now + d.tick
+            for d in due:  # outside the lock: a report walks the graph, and may be slow
+                if not d._stopped:
+                    d.look(now)
+
+
+_watchers = _Watchers()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_watchers._forget)
 
 
 def graph_report(compiled: Any) -> Callable[[float], str]:
