@@ -113,6 +113,7 @@ class _Watchers:
         self._cond = threading.Condition(threading.Lock())
         self._dogs: set[Watchdog] = set()
         self._thread: threading.Thread | None = None
+        self._wake = 0.0  # when the thread wakes next by itself (time.monotonic())
 
     def add(self, dog: Watchdog) -> None:
         with self._cond:
@@ -120,30 +121,30 @@ class _Watchers:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="conveyor-watchdog", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif dog._due < self._wake:  # (else the thread finds it when it wakes: woken now, it
+                self._cond.notify()       # would take the GIL from a loader's first batches)
 
     def discard(self, dog: Watchdog) -> None:
         with self._cond:
             self._dogs.discard(dog)
-            self._cond.notify()
-
-    def thread(self) -> threading.Thread | None:
-        """The looking thread, while there is one."""
-        return self._thread
+            if not self._dogs:  # the thread goes idle now, and ends _IDLE seconds later
+                self._cond.notify()
 
     def _run(self) -> None:
         cond = self._cond
         while True:
             with cond:
+                now = time.monotonic()
                 if not self._dogs:
+                    self._wake = now + _IDLE
                     cond.wait(_IDLE)
                     if not self._dogs:
                         self._thread = None
                         return
                     continue
-                now = time.monotonic()
                 wake = min(d._due for d in self._dogs)
                 if wake > now:
+                    self._wake = wake
                     cond.wait(wake - now)
                     continue
                 due = [d for d in self._dogs if d._due <= now]
