@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import helpers_fns
+import pytest
 from conveyor import load_graph
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -377,21 +378,28 @@ def test_worker_processes_fall_back_to_threads_when_main_comes_from_stdin(write_
 
 # ----- one watchdog thread for the process -------------------------------------------------
 
-def _watchdog_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "conveyor-watchdog" and t.is_alive()]
-
-
-def test_every_watchdog_is_looked_at_by_one_thread_which_ends_after_the_last_stops(caplog) -> None:
+@pytest.fixture
+def watchers(monkeypatch):
+    """The process's watchdog thread, made anew for the test (an earlier test's loader, still
+    open or idle, keeps the shared one)."""
     from conveyor.graphs import watchdog as wd
 
-    assert _wait_until(lambda: not _watchdog_threads(), timeout=5)  # (none left by an earlier test)
+    fresh = wd._Watchers()
+    monkeypatch.setattr(wd, "_watchers", fresh)
+    return fresh
+
+
+def test_every_watchdog_is_looked_at_by_one_thread_which_ends_after_the_last_stops(watchers, caplog) -> None:
+    from conveyor.graphs import watchdog as wd
+
     moving = [0]
     stalled = wd.Watchdog(0.2, progress=lambda: 0, report=lambda s: f"stalled dog: nothing for {s:.1f} s")
     busy = wd.Watchdog(0.2, progress=lambda: moving[0], report=lambda s: "busy dog stalled")
     with caplog.at_level(logging.WARNING, logger=wd.__name__):
         stalled.start()
         busy.start()
-        assert len(_watchdog_threads()) == 1
+        thread = watchers._thread
+        assert thread is not None and thread.is_alive() and thread.name == "conveyor-watchdog"
         stalled.entered += 1  # a caller waits on each; only the stalled one's graph stands still
         busy.entered += 1
         deadline = time.monotonic() + 1.5
@@ -404,17 +412,18 @@ def test_every_watchdog_is_looked_at_by_one_thread_which_ends_after_the_last_sto
     assert any(m.startswith("stalled dog: nothing for") for m in said), said
     assert stalled.warnings >= 2  # and again every `after` seconds while the stall lasts
     assert busy.warnings == 0 and "busy dog stalled" not in said
-    assert _wait_until(lambda: not _watchdog_threads(), timeout=wd._IDLE + 5)
+    thread.join(timeout=wd._IDLE + 5)  # it ends once no watchdog is left
+    assert not thread.is_alive() and watchers._thread is None
 
 
-def test_loaders_made_one_after_another_share_the_watchdog_thread(write_spec) -> None:
+def test_loaders_made_one_after_another_share_the_watchdog_thread(watchers, write_spec) -> None:
     spec = write_spec(STOPPABLE_SPEC.replace("workers: {copies: 2, method: process, until: parse}\n", ""))
     threads = []
     for _ in range(3):
         with load_graph(spec) as loader:
             assert sum(len(b) for b in loader) > 0
-            threads += _watchdog_threads()
-    assert len(threads) == 3 and len(set(threads)) == 1  # each loader's, the same thread
+            threads.append(watchers._thread)
+    assert threads[0] is not None and threads == [threads[0]] * 3  # each loader's, the same thread
 
 
 def test_a_forked_child_gets_a_watchdog_thread_of_its_own() -> None:

@@ -65,6 +65,7 @@ class Watchdog:
         self._seen: tuple = ()
         self._since = 0.0
         self._warned_at: float | None = None
+        self._home: _Watchers | None = None  # the watchers it was added to
 
     def start(self) -> None:
         """Start watching (once; later calls, and calls after ``stop``, do nothing)."""
@@ -72,7 +73,8 @@ class Watchdog:
             self._started = True
             now = time.monotonic()
             self._since, self._due = now, now + self.tick
-            _watchers.add(self)
+            self._home = _watchers
+            self._home.add(self)
 
     def look(self, now: float) -> None:
         """One look (the shared thread's): warn if the caller has waited ``after`` seconds with
@@ -96,7 +98,8 @@ class Watchdog:
     def stop(self) -> None:
         """Stop watching (safe to call twice, and from any thread)."""
         self._stopped = True
-        _watchers.discard(self)
+        if self._home is not None:
+            self._home.discard(self)
 
 
 class _Watchers:
@@ -114,10 +117,13 @@ class _Watchers:
         self._dogs: set[Watchdog] = set()
         self._thread: threading.Thread | None = None
         self._wake = 0.0  # when the thread wakes next by itself (time.monotonic())
+        self._adds = 0    # watchdogs added so far: one that came and went while the thread slept
+                          # idle starts its idle time again
 
     def add(self, dog: Watchdog) -> None:
         with self._cond:
             self._dogs.add(dog)
+            self._adds += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="conveyor-watchdog", daemon=True)
                 self._thread.start()
@@ -132,16 +138,21 @@ class _Watchers:
 
     def _run(self) -> None:
         cond = self._cond
+        idle_since, adds = None, -1
         while True:
             with cond:
                 now = time.monotonic()
                 if not self._dogs:
-                    self._wake = now + _IDLE
-                    cond.wait(_IDLE)
-                    if not self._dogs:
+                    if idle_since is None or adds != self._adds:
+                        idle_since, adds = now, self._adds
+                    left = idle_since + _IDLE - now
+                    if left <= 0:
                         self._thread = None
                         return
+                    self._wake = now + left
+                    cond.wait(left)
                     continue
+                idle_since = None
                 wake = min(d._due for d in self._dogs)
                 if wake > now:
                     self._wake = wake
