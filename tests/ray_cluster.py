@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,10 @@ from dataclasses import dataclass, field
 
 # No usage stats, and no token authentication: a local ray.init (a benchmark, a user's own)
 # leaves ~/.ray/auth_token behind, and a head started after it then asks every client for it
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+           # and 127.0.0.1 stays 127.0.0.1: Ray turns it into the interface address otherwise
+           # (tests/ray_loopback.py), and every connection of the cluster went through that
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # A node whose raylet is gone is found within seconds, not Ray's default 15 s and more (a
 # health check every 3 s, 5 failures): the node-removal test waits for it. Not so tight that a
 # busy host's slow answer reads as a death.
@@ -114,7 +118,8 @@ def start_cluster(timeout: float = 90.0) -> Cluster:
                                           start_new_session=True))
     try:
         _wait_nodes(cluster, 1, timeout)
-        second = ["ray", "start", f"--address={cluster.address}"] + _node_args(temp)
+        second = [sys.executable, os.path.join(here, "ray_loopback.py"), "start",
+                  f"--address={cluster.address}"] + _node_args(temp)
         log2 = open(os.path.join(temp, "node2.log"), "w")
         cluster.procs.append(subprocess.Popen(second, env=env, stdout=log2, stderr=subprocess.STDOUT,
                                               start_new_session=True))

@@ -27,9 +27,12 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture(scope="module")
 def cluster():
     import ray
+    from ray._private import ray_constants
 
     saved = {k: os.environ.get(k) for k in RAY_ENV}
     os.environ.update(RAY_ENV)  # this process connects to the cluster as its nodes expect
+    one_machine = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False  # (read at ray's import: this process, too, keeps 127.0.0.1)
     c = start_cluster()
     try:
         yield c
@@ -37,6 +40,7 @@ def cluster():
         if ray.is_initialized():
             ray.shutdown()
         c.stop()
+        ray_constants.ENABLE_RAY_CLUSTER = one_machine
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -64,6 +68,36 @@ def _ray(cluster, copies: int = 2) -> str:
     return f'{{copies: {copies}, method: ray, address: "{cluster.address}"}}'
 
 
+def _off_loopback(cluster) -> list[str]:
+    """The TCP connections of this process and of every process of the cluster's nodes whose
+    either end is not a loopback address."""
+    import ipaddress
+
+    import psutil
+
+    procs = [psutil.Process()]
+    for node in cluster.procs:
+        try:
+            procs += [psutil.Process(node.pid)] + psutil.Process(node.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+    off = []
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="tcp") if hasattr(proc, "net_connections") else proc.connections("tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        for conn in conns:
+            for end in (conn.laddr, conn.raddr):
+                if not end:
+                    continue
+                ip = ipaddress.ip_address(end.ip)
+                ip = getattr(ip, "ipv4_mapped", None) or ip
+                if not (ip.is_loopback or (ip.is_unspecified and conn.status == psutil.CONN_LISTEN)):
+                    off.append(f"{proc.name()} (pid {proc.pid}): {conn.laddr} -> {conn.raddr} {conn.status}")
+    return off
+
+
 def _take(loader, n: int) -> list[int]:
     it = iter(loader)
     return [i for _ in range(n) for i in next(it)["index"].tolist()]
@@ -77,6 +111,7 @@ def test_ray_copies_give_the_batches_of_process_copies_and_resume_them(cluster, 
         assert actors.stats()["nodes"]["parse"]["copies"] == 2
         head = _take(actors, 3)
         state = json.loads(json.dumps(actors.state_dict()))
+        assert _off_loopback(cluster) == []  # the actors, the nodes and this driver talk on 127.0.0.1 only
     assert got == want[:2]
     with load_graph(_spec(tmp_path, "{copies: 2, method: process}")) as procs:  # ray -> process
         procs.load_state_dict(state)
