@@ -17,6 +17,15 @@ REPO = TESTS.parent
 if str(TESTS) not in sys.path:  # specs in tests/ name helper functions as helpers_fns:<name>
     sys.path.insert(0, str(TESTS))
 
+# Nothing talks to any address but 127.0.0.1: the torchrun jobs' gloo groups (started with
+# --master_addr=127.0.0.1) bind the address the host name resolves to unless told an interface,
+# which on a machine whose name is its interface address is that address. Every process the
+# tests start inherits this (Ray's cluster: tests/ray_cluster.py).
+import socket  # noqa: E402
+
+if "lo" in {name for _, name in socket.if_nameindex()}:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
 # Worker processes whose start method is not what a test is about start from multiprocessing's
 # fork server (``mp_context: forkserver``), not by forking this process: by the time such a
 # test runs, this process holds threads and native libraries' state that earlier tests left
