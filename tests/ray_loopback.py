@@ -1,5 +1,5 @@
 """``ray start`` for a node of the tests' cluster, kept on 127.0.0.1: ``python ray_loopback.py
-start ...`` runs Ray's own command line after one change.
+start ...`` runs Ray's own command line with two of its settings changed.
 
 Ray (2.x) turns 127.0.0.1 and localhost into the machine's interface address wherever it
 resolves an address (``services.resolve_ip_for_localhost``), unless

@@ -11,8 +11,7 @@ every ``after`` seconds while the stall lasts.
 
 The caller's side costs two integer increments per batch. One daemon thread of the process
 does the looking for every started watchdog (a thread a loader had cost each fresh loader
-~0.5 ms of its first epoch on this project's 2-core VM, its start and first run, and a
-thread each: benchmarks/text_throughput.py with ``watchdog: 0`` against the default); it ends
+its start, ~0.5 ms of its first epoch on this project's 2-core VM, and a thread each); it ends
 ``_IDLE`` seconds after the last watchdog stopped, so a process that makes loaders one after
 another keeps one. It holds the watchdogs, not their loaders, so a loader nobody closes is
 still collected (and closed, which stops its watchdog) by the GC.
@@ -60,17 +59,15 @@ class Watchdog:
         self.left = 0     # pulls ended (returned or raised)
         self.warnings = 0
         self._stopped = False
-        self._started = False
         self._due = 0.0   # when the shared thread looks next (time.monotonic())
         self._seen: tuple = ()
         self._since = 0.0
         self._warned_at: float | None = None
-        self._home: _Watchers | None = None  # the watchers it was added to
+        self._home: _Watchers | None = None  # the watchers it was added to (None: not started)
 
     def start(self) -> None:
         """Start watching (once; later calls, and calls after ``stop``, do nothing)."""
-        if not self._started and not self._stopped:
-            self._started = True
+        if self._home is None and not self._stopped:
             now = time.monotonic()
             self._since, self._due = now, now + self.tick
             self._home = _watchers
