@@ -293,3 +293,104 @@ output: batch
         with pytest.raises(StateError, match=r"worker copy > base > .*-1"):
             loader.load_state_dict(_with(state, rank))
             next(iter(loader))
+
+
+# ----- the bucketing, packing and synthetic graphs' own lists and counters ------------------
+
+TEXT, PRETRAIN, SYNTHETIC = (ROOT / "specs" / name for name in ("text.yaml", "pretrain.yaml", "synthetic.yaml"))
+
+
+def _spec_state(spec: Path, steps: int, **params: Any) -> dict:
+    with load_graph(spec, **params) as loader:
+        it = iter(loader)
+        for _ in range(steps):
+            next(it)
+        return json.loads(json.dumps(loader.state_dict()))
+
+
+@pytest.fixture(scope="module")
+def spec_states() -> dict[str, dict]:
+    return {"text": _spec_state(TEXT, 3), "pretrain": _spec_state(PRETRAIN, 3),
+            "synthetic": _spec_state(SYNTHETIC, 2, count=64, image_size=8, batch_size=4)}
+
+
+def _bucket(rank: dict) -> dict:
+    return _holding(rank["graph"], "boundaries")
+
+
+def _pack(rank: dict) -> dict:
+    return _holding(rank["graph"], "settings")
+
+
+def _replay_short(rank: dict) -> None:  # more items of a bucket emitted than its replay holds
+    b = _bucket(rank)
+    b["done"][-1] = b["replay"] + 1
+
+
+# (spec, mutation, what the message must name): each was a raw KeyError, IndexError or
+# TypeError deep in the node, or a ValueError, before the shapes and checks said what is wrong
+SPEC_MALFORMED: dict[str, tuple[str, Callable[[dict], None], str]] = {
+    "pack stats empty": ("pretrain", lambda r: _pack(r).update(stats={}),
+                         "rank0 > graph > pack > stats: expected the key 'real' (missing)"),
+    "pack stats a list": ("pretrain", lambda r: _pack(r)["stats"].update(real=[1]),
+                          "rank0 > graph > pack > stats > real: expected an int >= 0, got [1]"),
+    "pack min_real -2": ("pretrain", lambda r: _pack(r)["stats"].update(min_real=-2),
+                         "rank0 > graph > pack > stats > min_real: expected an int >= -1, got -2"),
+    "bucket stats empty": ("text", lambda r: _bucket(r).update(stats={}),
+                           "rank0 > graph > batch > stats: expected the key 'real' (missing)"),
+    "bucket stats' batches an int": ("text", lambda r: _bucket(r)["stats"].update(batches=-1),
+                                     "rank0 > graph > batch > stats > batches: expected a list"),
+    "bucket stats' batches short": ("text", lambda r: _bucket(r)["stats"].update(batches=[]),
+                                    "the state's stats' batches has 0 entries, its boundaries make 10 buckets"),
+    "bucket done short": ("text", lambda r: _bucket(r).update(done=[0]),
+                          "the state's done has 1 entries, its boundaries make 10 buckets"),
+    "bucket boundaries empty": ("text", lambda r: _bucket(r).update(boundaries=[]),
+                                "the state's boundaries [] are not a non-empty list of increasing lengths"),
+    "bucket boundaries down": ("text", lambda r: _bucket(r).update(boundaries=[64, 32] + _bucket(r)["boundaries"][2:]),
+                               "are not a non-empty list of increasing lengths"),
+    "bucket boundaries a float": ("text", lambda r: _bucket(r)["boundaries"].__setitem__(0, 31.5),
+                                  "rank0 > graph > batch > boundaries > 0: expected an int >= 1, got 31.5"),
+    "bucket emitting past the buckets": ("text", lambda r: _bucket(r).update(emitting=10),
+                                         "the state emits the pool of bucket 10, of 10 buckets"),
+    "bucket done past its replay": ("text", _replay_short, "its replay of"),
+    "bucket out_pos past the pool": ("text", lambda r: _bucket(r).update(out_pos=10 ** 6),
+                                     "the state is at batch 1000000 of a pool that now cuts into"),
+    "prefetch steps past the input": ("text", _set("steps_since_snapshot", 10 ** 6),
+                                      "prefetch: the state says 1000000 items were emitted after its snapshot"),
+    "synthetic pos past count": ("synthetic", lambda r: _holding(r["graph"], "count").update(pos=65),
+                                 "rank0 > graph > fake > pos: expected an int <= count (64), got 65"),
+    "synthetic count missing": ("synthetic", lambda r: _holding(r["graph"], "count").pop("count"),
+                                "rank0 > graph > fake: expected the key 'count' (missing)"),
+    "shard pos past the listing": ("text", lambda r: _holding(r["graph"], "wrapped").update(pos=5),
+                                   "shard: the state is at position 5 of an input whose epoch deals 4 positions"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPEC_MALFORMED))
+def test_a_malformed_state_of_the_text_packing_or_synthetic_graph_is_a_state_error(spec_states, name: str) -> None:
+    which, mutate, message = SPEC_MALFORMED[name]
+    state = copy.deepcopy(spec_states[which])
+    rank = _rank(state)
+    if name == "bucket out_pos past the pool":  # only a state taken while a pool is emitted has one to check
+        assert _bucket(rank)["emitting"] >= 0
+    mutate(rank)
+    spec = {"text": TEXT, "pretrain": PRETRAIN, "synthetic": SYNTHETIC}[which]
+    params = {"count": 64, "image_size": 8, "batch_size": 4} if which == "synthetic" else {}
+    with load_graph(spec, **params) as loader:
+        with pytest.raises(StateError) as err:
+            loader.load_state_dict(_with(state, rank))
+            next(iter(loader))
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("which", ["text", "pretrain"])
+def test_the_unmutated_states_of_those_graphs_still_resume(spec_states, which: str) -> None:
+    spec = TEXT if which == "text" else PRETRAIN
+    with load_graph(spec) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        rest = [fingerprint(b) for b in it]
+    with load_graph(spec) as loader:
+        loader.load_state_dict(spec_states[which])
+        assert [fingerprint(b) for b in loader] == rest

@@ -76,7 +76,7 @@ from conveyor.nodes._buckets import (ALL, DEFAULT_POOL, EMPTY, NONE, OVERFLOW, B
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 from conveyor.nodes.capabilities import take
-from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, ListOf, Real, STATS_SHAPE
+from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, ListOf
 
 log = logging.getLogger(__name__)
 _CHUNK = 1024  # the most input items read at once. The input's state is kept at chunk starts, so a
@@ -137,7 +137,10 @@ class BucketBatch(BaseNode[list]):
     BOUNDARIES_KEY = "boundaries"
     STATS_KEY = "stats"
     STATE_SHAPE = Fields({SOURCE_KEY: Child(), REPLAY_KEY: Int(), DONE_KEY: ListOf(Int()), EMITTING_KEY: Int(min=ALL),
-                          OUT_POS_KEY: Int(), POOLS_KEY: Int(), BOUNDARIES_KEY: ListOf(Real()), STATS_KEY: STATS_SHAPE,
+                          OUT_POS_KEY: Int(), POOLS_KEY: Int(), BOUNDARIES_KEY: ListOf(Int(min=1)),
+                          STATS_KEY: Fields({"real": Int(), "padded": Int(), "batches": ListOf(Int()), "overflow": Int(),
+                                             "dropped": Int(), "oversize": Int(), "forced": Int(), "empty": Int()},
+                                            optional=("empty",)),  # (states from before empty: lack it)
                           LEDGER_KEY: LEDGER_SHAPE}, optional=(LEDGER_KEY,))
 
     def __init__(self, source: BaseNode, *, length: str | Callable[[Any], int] = "input_ids",
@@ -251,6 +254,7 @@ class BucketBatch(BaseNode[list]):
             self._stats = self._zero_stats()
             self._snaps = [_Snap(0, self.source.state_dict(), [0] * self.n_buckets)]
             return
+        self._check_lists(initial_state)
         self._set_boundaries(list(initial_state[self.BOUNDARIES_KEY]))
         src = initial_state[self.SOURCE_KEY]
         self.source.reset(src)
@@ -267,10 +271,18 @@ class BucketBatch(BaseNode[list]):
         try:
             for _ in range(initial_state[self.REPLAY_KEY]):
                 self._add(next(self.source))
+            short = [b for b, (r, d) in enumerate(zip(p.read, p.done)) if r < d]
+            if short:
+                raise StateError(f"{self.where}: the state says {p.done[short[0]]} items of bucket {short[0]} were "
+                                 f"emitted, but its replay of {initial_state[self.REPLAY_KEY]} input items holds "
+                                 f"{p.read[short[0]]} of that bucket: not a state of this input")
             if emitting != NONE:
                 self._exhausted = emitting == ALL
                 self._cut(emitting, p.cut_count - 1)
                 p.out_pos = initial_state[self.OUT_POS_KEY]
+                if p.out_pos > len(p.out):
+                    raise StateError(f"{self.where}: the state is at batch {p.out_pos} of a pool that now cuts "
+                                     f"into {len(p.out)}: not a state of this input")
                 for i in range(p.out_pos):
                     p.out[i] = None
         except StopIteration:
@@ -279,6 +291,26 @@ class BucketBatch(BaseNode[list]):
                              "from") from None
         finally:
             self._replaying = False
+
+    def _check_lists(self, state: dict) -> None:
+        """Refuse a state whose boundaries, per-bucket lists and pool being emitted do not fit
+        together (hand-edited or corrupt: resuming it would repeat or lose items, or fail deep
+        inside with an IndexError), naming what does not fit."""
+        bounds = state[self.BOUNDARIES_KEY]
+        if not bounds or any(a >= b for a, b in zip(bounds, bounds[1:])):
+            raise StateError(f"{self.where}: the state's boundaries {bounds} are not a non-empty list of "
+                             "increasing lengths")
+        n = len(bounds) + (self.overflow == "own_bucket")
+        if self.batch_sizes is not None and len(self.batch_sizes) != n:
+            raise StateError(f"{self.where}: the state's {len(bounds)} boundaries make {n} buckets, this node "
+                             f"has batch_sizes for {len(self.batch_sizes)}")
+        for name, value in (("done", state[self.DONE_KEY]), ("stats' batches", state[self.STATS_KEY]["batches"])):
+            if len(value) != n:
+                raise StateError(f"{self.where}: the state's {name} has {len(value)} entries, its boundaries "
+                                 f"make {n} buckets")
+        emitting = state[self.EMITTING_KEY]
+        if emitting >= n:
+            raise StateError(f"{self.where}: the state emits the pool of bucket {emitting}, of {n} buckets")
 
     def _earliest(self) -> float:
         """Position of the oldest item not yet emitted (the read position if none)."""

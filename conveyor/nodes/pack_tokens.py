@@ -52,7 +52,7 @@ from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 from conveyor.nodes._workers.batch_slabs import SLAB_MARK, Buffers
 from conveyor.nodes.capabilities import take_exactly
-from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, ListOf, Plain, STATS_SHAPE
+from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, ListOf, Plain
 
 log = logging.getLogger(__name__)
 _RANGES: dict[np.dtype, tuple[int, int]] = {}  # an integer dtype's (min, max), for _ids' range check
@@ -63,6 +63,8 @@ EMPTIES = ("raise", "skip")
 ID_DTYPES = ("int64", "int32", "int16", "uint8")
 _ROW_FIELDS = ("input_ids", "labels", "position_ids", "segment_ids", "cu_seqlens")
 _PACKERS = {"first_fit": first_fit, "best_fit": best_fit}
+_COUNTS = ("real", "rows", "docs", "pieces", "split", "truncated", "overflow", "empty")  # the epoch's counters
+# (and min_real: the fewest real tokens of a row so far, -1 before the first), kept in the state
 
 
 def check_args(*, seq_len: Any, algorithm: str, pool: Any, overflow: str, empty: str, max_docs: Any,
@@ -137,7 +139,8 @@ class PackTokens(BaseNode[dict]):
     SETTINGS_KEY = "settings"
     STATS_KEY = "stats"
     STATE_SHAPE = Fields({SOURCE_KEY: Child(), POOL_KEY: Int(), POS_KEY: Int(), SETTINGS_KEY: ListOf(Plain()),
-                          STATS_KEY: STATS_SHAPE, LEDGER_KEY: LEDGER_SHAPE}, optional=(LEDGER_KEY,))
+                          STATS_KEY: Fields({**{k: Int() for k in _COUNTS}, "min_real": Int(min=-1)}),
+                          LEDGER_KEY: LEDGER_SHAPE}, optional=(LEDGER_KEY,))
 
     def __init__(self, source: BaseNode, *, seq_len: int, field: str = "input_ids", algorithm: str = "best_fit",
                  pool: int = 1000, overflow: str = "split", empty: str = "raise", max_docs: int | None = None,
@@ -173,8 +176,7 @@ class PackTokens(BaseNode[dict]):
 
     @staticmethod
     def _zero() -> dict[str, Any]:
-        return {"real": 0, "rows": 0, "docs": 0, "pieces": 0, "split": 0, "truncated": 0, "overflow": 0,
-                "empty": 0, "min_real": -1}
+        return {**dict.fromkeys(_COUNTS, 0), "min_real": -1}
 
     def stats(self) -> dict[str, Any]:
         s = self._stats

@@ -54,6 +54,7 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
+from conveyor.errors import StateError
 from conveyor.nodes._elastic import Cursor
 from conveyor.nodes.state_shape import Child, Fields, Int
 
@@ -254,7 +255,7 @@ class Prefetch(BaseNode):
                 try:
                     next(self.source)
                 except StopIteration:
-                    raise ValueError(f"prefetch: the state says {self._steps} items were emitted after its "
+                    raise StateError(f"prefetch: the state says {self._steps} items were emitted after its "
                                      f"snapshot, but the input ended after {i}: not the input the state "
                                      "was taken from") from None
         self._done = self._closed = False

@@ -31,6 +31,7 @@ import os
 
 from torchdata.nodes import BaseNode
 
+from conveyor.errors import StateError
 from conveyor.nodes import capabilities as cap
 from conveyor.nodes._elastic import Cursor, deal_end, remaining, slot_items
 from conveyor.nodes.state_shape import Bool, Child, Fields, Int, ListOf, Null, Str
@@ -181,6 +182,10 @@ class Shard(BaseNode):
             self._pos = initial_state[self.POS_KEY]
             self._wrapped = initial_state[self.WRAPPED_KEY]
             self._read = initial_state.get(self.READ_KEY, 0)
+            last = self._end if self._end is not None else self._total
+            if last is not None and self._pos > last:
+                raise StateError(f"shard: the state is at position {self._pos} of an input whose epoch deals "
+                                 f"{last} positions: not a state of this input")
         else:
             self.source.reset()
             self._pos = 0

@@ -18,6 +18,7 @@ from torchdata.nodes import BaseNode
 
 from conveyor.errors import StateError
 from conveyor.nodes._rng import derive_seed
+from conveyor.nodes.state_shape import Fields, Int
 
 DTYPES = {"uint8": torch.uint8, "float32": torch.float32}
 _SLACK = 4096  # the pool is this many values longer than one image: the offsets' range
@@ -41,6 +42,7 @@ class Synthetic(BaseNode[dict]):
 
     POS_KEY = "pos"
     COUNT_KEY = "count"
+    STATE_SHAPE = Fields({POS_KEY: Int(at_most=COUNT_KEY), COUNT_KEY: Int(min=1)})
 
     def __init__(self, *, count: int, shape: list[int] | tuple[int, ...] = (3, 224, 224), classes: int = 1000,
                  dtype: str = "uint8", seed: int = 0):
