@@ -230,6 +230,19 @@ def test_hidden_files_are_listed_only_by_a_pattern_that_starts_with_a_dot(tmp_pa
         ListFiles(url=f"{tmp_path}/*/*.swp").reset()  # a match, but only hidden ones: said, not 'no file'
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_list_files_leaves_out_what_is_not_a_file_and_says_so(tmp_path: Path, caplog):
+    # a named pipe that the glob matches: opening it to read waits for a writer for ever
+    (tmp_path / "a.jsonl").write_text('{"text": "a"}\n')
+    os.mkfifo(tmp_path / "b.jsonl")
+    os.mkfifo(tmp_path / "c.txt")  # not matched: not named
+    (tmp_path / "d.jsonl").symlink_to(tmp_path / "b.jsonl")  # a link to a pipe is one too
+    got = [r["path"] for r in run(ListFiles(url=f"{tmp_path}/*.jsonl"))]
+    assert got == [f"{tmp_path}/a.jsonl"]
+    assert "2 match(es) left out that are not files" in caplog.text and f"{tmp_path}/b.jsonl" in caplog.text
+    assert "c.txt" not in caplog.text
+
+
 def test_list_files_follows_symlinked_folders_as_imagefolder(tree: Path, tmp_path_factory, monkeypatch, caplog):
     store = tmp_path_factory.mktemp("store")
     (store / "lions").mkdir()

@@ -36,13 +36,15 @@ class _Lister(Protocol):
              timeout: float | None = -1.0, **kwargs: Any) -> Any: ...
 
 
-def _local_files(root: str, depth: int | None = None) -> list[str]:
+def _local_files(root: str, depth: int | None = None, special: list[str] | None = None) -> list[str]:
     """Every file below the local folder ``root`` (at most ``depth`` folders down: 1 is the
     files in ``root``; None: all), symlinked folders followed as ImageFolder's
     ``os.walk(followlinks=True)`` follows them (fsspec's listing takes a link to a folder for
     a file and lists nothing below it); a link back to a folder it is inside is not followed
     again (what is below it is listed already), so a link loop ends. A folder that cannot be
-    read is a ``SourceError`` naming it."""
+    read is a ``SourceError`` naming it. What is neither a file nor a folder (a named pipe, a
+    socket, a device: opening a pipe waits for a writer for ever) is left out, and added to
+    ``special`` where given."""
     if not os.path.isdir(root):
         return []  # no such folder: the caller says so
     out: list[str] = []
@@ -63,9 +65,16 @@ def _local_files(root: str, depth: int | None = None) -> list[str]:
             except OSError:
                 is_dir = False
             if not is_dir:
-                out.append(entry.path)  # a file, a link to one, or a broken link (its read says so)
-                if entry.is_symlink() and not os.path.exists(entry.path):
-                    broken.append(entry.path)
+                try:
+                    regular = entry.is_file()  # through a link
+                except OSError:
+                    regular = False
+                if regular or not os.path.exists(entry.path):
+                    out.append(entry.path)  # a file, a link to one, or a broken link (its read says so)
+                    if not regular:
+                        broken.append(entry.path)
+                elif special is not None:
+                    special.append(entry.path)
                 continue
             try:
                 st = os.stat(entry.path)
@@ -188,7 +197,12 @@ def glob(storage: _Lister, url: str, *, folder_markers: bool = False,
         if is_local(url):
             # as deep below root as the pattern's /s reach (an escape adds none), or any depth
             depth = None if "**" in path else path.count("/") - root.count("/")
-            files = sorted(p for p in _local_files(root or "/", depth) if pattern.match(p))
+            special: list[str] = []
+            files = sorted(p for p in _local_files(root or "/", depth, special) if pattern.match(p))
+            special = sorted(p for p in special if pattern.match(p))
+            if special:
+                log.warning("listing %s: %d match(es) left out that are not files (a named pipe, a socket "
+                            "or a device), e.g. %s", url, len(special), special[0])
         else:
             kwargs: dict[str, Any] = {"detail": True}
             if _walks(fs):
