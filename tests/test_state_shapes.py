@@ -394,3 +394,27 @@ def test_the_unmutated_states_of_those_graphs_still_resume(spec_states, which: s
     with load_graph(spec) as loader:
         loader.load_state_dict(spec_states[which])
         assert [fingerprint(b) for b in loader] == rest
+
+
+def test_a_copies_turn_past_the_copies_is_a_state_error(tmp_path: Path) -> None:
+    # the copy whose batch comes next: a number past the copies was an IndexError in next()
+    spec = tmp_path / "copies.yaml"
+    spec.write_text(f"""workers: {{copies: 2, method: thread, until: batch}}
+nodes:
+  files: {{op: list_files, url: "{ROOT}/examples/data/numbers/*/*.txt"}}
+  shard: {{op: shard, by: [rank, worker]}}
+  parse: {{op: map, fn: "conveyor.files:read_numbers"}}
+  batch: {{op: batch, size: 2}}
+output: batch
+""")
+    with load_graph(spec) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+    rank = _rank(state)
+    _holding(rank["graph"], "next")["next"] = 2
+    with load_graph(spec) as loader:
+        with pytest.raises(StateError, match=r"> next: expected an int < copies \(2\), got 2"):
+            loader.load_state_dict(_with(state, rank))
+            next(iter(loader))

@@ -90,7 +90,7 @@ class WorkerCopies(BaseNode):
     DONE_KEY = "done"
     # a copy's graph is built in its worker: its base state is checked there, not here
     STATE_SHAPE = Fields({COPIES_KEY: ListOf(Fields({BASE_KEY: Null(Plain(dict)), SKIP_KEY: Int()}), length="copies"),
-                          NEXT_KEY: Int(), DONE_KEY: ListOf(Bool(), length="copies")})
+                          NEXT_KEY: Int(under="copies"), DONE_KEY: ListOf(Bool(), length="copies")})
 
     def __init__(self, factory: Callable[[int], tuple[BaseNode, dict[str, Any]]], *, copies: int,
                  method: str = "process", mp_context: str | None = "spawn", depth: int = 8,

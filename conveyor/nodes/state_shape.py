@@ -76,11 +76,13 @@ def _is_int(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class Int(Shape):
-    """An int (not a bool) in ``[min, max]``; ``at_most`` names a sibling key bounding it."""
+    """An int (not a bool) in ``[min, max]``; ``at_most`` names a sibling key bounding it,
+    ``under`` an attribute of the node (an int, or a list whose length) it must be less than."""
 
     min: int | None = 0
     max: int | None = None
     at_most: str | None = None
+    under: str | None = None
 
     def check(self, value: Any, at: At) -> None:
         if not _is_int(value) or (self.min is not None and value < self.min) or \
@@ -88,6 +90,11 @@ class Int(Shape):
             bounds = [f">= {self.min}" if self.min is not None else "",
                       f"<= {self.max}" if self.max is not None else ""]
             raise at.fail(value, " ".join(["an int", " and ".join(b for b in bounds if b)]).strip())
+        if self.under is not None and at.node is not None:
+            top = getattr(at.node, self.under)
+            top = top if _is_int(top) else len(top)
+            if value >= top:
+                raise at.fail(value, f"an int < {self.under} ({top})")
 
 
 @dataclass(frozen=True)
