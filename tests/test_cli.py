@@ -230,6 +230,17 @@ def test_validate_a_missing_file(capsys):
     assert "No such file or directory" in err and "no_such_spec.yaml" in err
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--epochs", "0"], "--epochs must be >= 1, got 0"),    # ran no epoch and said only "no batch came out"
+    (["--epochs", "-1"], "--epochs must be >= 1, got -1"),
+    (["--steps", "0"], "--steps must be >= 1 (batches to stop after), got 0"),  # ran the whole epoch
+    (["--steps", "-5"], "--steps must be >= 1 (batches to stop after), got -5"),  # stopped after one batch
+])
+def test_run_refuses_epochs_or_steps_below_one(capsys, flags, message):
+    assert cli.main(["run", NUMBERS, "-q", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_set_without_a_value_is_a_usage_error(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     assert cli.main(["run", NUMBERS, "--set", "batch_size", "-q"]) == 2

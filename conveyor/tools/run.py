@@ -14,7 +14,7 @@ from conveyor.errors import ConveyorError
 from conveyor.graphs.compile import compile_plan
 from conveyor.graphs.loader import Loader
 from conveyor.graphs.validate import Plan
-from conveyor.tools._args import INTERRUPTED, add_spec_args, checked_plan
+from conveyor.tools._args import INTERRUPTED, UsageError, add_spec_args, checked_plan
 from conveyor.tools.bottleneck import find_bottleneck, node_rows
 from conveyor.tools.measure import Meter, batch_len
 from conveyor.tools.tables import node_table, pct
@@ -24,6 +24,10 @@ from conveyor.tools.trace import trace_recorder, write_trace
 def cmd_run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    if args.epochs < 1:
+        raise UsageError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps must be >= 1 (batches to stop after), got {args.steps}")
     plan = checked_plan(args)
     batches = samples = 0
     waited = 0.0  # seconds the loop spent in iter() and next(): waiting for data
@@ -94,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"conveyor: interrupted after {batches} batches (the summary above is up to there)",
               file=sys.stderr)
         return INTERRUPTED
-    if batches == 0 and args.epochs > 0 and args.steps != 0:
+    if batches == 0:
         print(f"conveyor: warning: no batch came out of {args.epochs} epoch(s): "
               f"{_why_no_batch(totals.items(), plan)}", file=sys.stderr)
         return 1
