@@ -268,9 +268,8 @@ def test_a_mutated_state_is_refused_or_resumes_exactly(saved, data) -> None:
     assert got == rest
 
 
-@pytest.mark.parametrize("method", ["thread", "process"])
-def test_a_worker_copy_checks_its_own_state_before_its_reset(tmp_path: Path, method: str) -> None:
-    # a copy's graph is built in the copy, so its base state is checked there, named as such
+def _copies_state(tmp_path: Path, method: str) -> tuple[Path, dict]:
+    """A spec of two worker copies (``method``) and its state after 3 batches, round-tripped."""
     spec = tmp_path / "copies.yaml"
     spec.write_text(f"""workers: {{copies: 2, method: {method}, until: batch, mp_context: forkserver}}
 nodes:
@@ -281,16 +280,29 @@ nodes:
   batch: {{op: batch, size: 2}}
 output: batch
 """)
-    with load_graph(spec) as loader:
-        it = iter(loader)
-        for _ in range(3):
-            next(it)
-        state = json.loads(json.dumps(loader.state_dict()))
+    return spec, _spec_state(spec, 3)
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_a_worker_copy_checks_its_own_state_before_its_reset(tmp_path: Path, method: str) -> None:
+    # a copy's graph is built in the copy, so its base state is checked there, named as such
+    spec, state = _copies_state(tmp_path, method)
     rank = _rank(state)
     base = rank["graph"]["copies"][0]["base"]
     _holding(base, "pos")["pos"] = -1
     with load_graph(spec) as loader:
         with pytest.raises(StateError, match=r"worker copy > base > .*-1"):
+            loader.load_state_dict(_with(state, rank))
+            next(iter(loader))
+
+
+def test_a_copies_turn_past_the_copies_is_a_state_error(tmp_path: Path) -> None:
+    # the copy whose batch comes next: a number past the copies was an IndexError in next()
+    spec, state = _copies_state(tmp_path, "thread")
+    rank = _rank(state)
+    _holding(rank["graph"], "next")["next"] = 2
+    with load_graph(spec) as loader:
+        with pytest.raises(StateError, match=r"> next: expected an int < copies \(2\), got 2"):
             loader.load_state_dict(_with(state, rank))
             next(iter(loader))
 
@@ -395,26 +407,3 @@ def test_the_unmutated_states_of_those_graphs_still_resume(spec_states, which: s
         loader.load_state_dict(spec_states[which])
         assert [fingerprint(b) for b in loader] == rest
 
-
-def test_a_copies_turn_past_the_copies_is_a_state_error(tmp_path: Path) -> None:
-    # the copy whose batch comes next: a number past the copies was an IndexError in next()
-    spec = tmp_path / "copies.yaml"
-    spec.write_text(f"""workers: {{copies: 2, method: thread, until: batch}}
-nodes:
-  files: {{op: list_files, url: "{ROOT}/examples/data/numbers/*/*.txt"}}
-  shard: {{op: shard, by: [rank, worker]}}
-  parse: {{op: map, fn: "conveyor.files:read_numbers"}}
-  batch: {{op: batch, size: 2}}
-output: batch
-""")
-    with load_graph(spec) as loader:
-        it = iter(loader)
-        for _ in range(3):
-            next(it)
-        state = json.loads(json.dumps(loader.state_dict()))
-    rank = _rank(state)
-    _holding(rank["graph"], "next")["next"] = 2
-    with load_graph(spec) as loader:
-        with pytest.raises(StateError, match=r"> next: expected an int < copies \(2\), got 2"):
-            loader.load_state_dict(_with(state, rank))
-            next(iter(loader))
