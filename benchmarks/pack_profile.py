@@ -4,7 +4,7 @@ Two measurements on the bundled sample (examples/data/text-sample), in one proce
 
 * ``parts``: a fresh loader pulled for ``--epochs`` epochs, each of pack_tokens' parts timed on
   the thread that runs it (thread CPU time) with the page faults it took: reading a pool from
-  the input (``take_exactly``: read_jsonl, shuffle_buffer and the tokenizer's map below pack),
+  the input (``_take_pool``: read_jsonl, shuffle_buffer and the tokenizer's map below pack),
   checking and cutting its documents (``_pool_pieces``), best-fit, laying the rows out
   (``lay_out``) and the rest of pack (handing out batches, the row order, states). The first
   epoch is shown apart: a fresh loader's first pools make the arrays the later ones reuse.
@@ -36,7 +36,7 @@ import conveyor.nodes.pack_tokens as pack_module  # noqa: E402
 from conveyor import load_graph  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("take_exactly", "_pool_pieces", "best_fit", "lay_out")
+PARTS = ("_take_pool", "_pool_pieces", "best_fit", "lay_out")
 
 
 def _faults() -> int:
@@ -58,9 +58,9 @@ def parts(spec: Path, epochs: int) -> str:
     """Thread CPU ms and page faults per epoch of each of pack's parts."""
     spent: collections.Counter = collections.Counter()
     faults: collections.Counter = collections.Counter()
-    saved = (pack_module.take_exactly, pack_module.PackTokens._pool_pieces, dict(pack_module._PACKERS),
+    saved = (pack_module.PackTokens._take_pool, pack_module.PackTokens._pool_pieces, dict(pack_module._PACKERS),
              pack_module.lay_out, pack_module.PackTokens.next)
-    pack_module.take_exactly = _timed("take_exactly", saved[0], spent, faults)
+    pack_module.PackTokens._take_pool = _timed("_take_pool", saved[0], spent, faults)
     pack_module.PackTokens._pool_pieces = _timed("_pool_pieces", saved[1], spent, faults)
     pack_module._PACKERS.update({k: _timed("best_fit" if k == "best_fit" else k, v, spent, faults)
                                  for k, v in saved[2].items()})
@@ -76,7 +76,7 @@ def parts(spec: Path, epochs: int) -> str:
                     pass
                 per_epoch.append((dict(spent), dict(faults)))
     finally:
-        (pack_module.take_exactly, pack_module.PackTokens._pool_pieces, _, pack_module.lay_out,
+        (pack_module.PackTokens._take_pool, pack_module.PackTokens._pool_pieces, _, pack_module.lay_out,
          pack_module.PackTokens.next) = saved
         pack_module._PACKERS.clear()
         pack_module._PACKERS.update(saved[2])
@@ -89,7 +89,7 @@ def parts(spec: Path, epochs: int) -> str:
             return s.get(name, 0) * 1e3, f.get(name, 0)
         first = ms(*per_epoch[0])
         later = [ms(*e) for e in per_epoch[1:]] or [first]
-        label = f"{name} (input: read, shuffle, tokenize)" if name == "take_exactly" else name
+        label = f"{name} (input: read, shuffle, tokenize)" if name == "_take_pool" else name
         rows.append([label, f"{first[0]:.2f}", f"{first[1]:,}", f"{statistics.median(t for t, _ in later):.2f}",
                      f"{statistics.median(n for _, n in later):,.0f}"])
     return md_table(["part", "first epoch ms", "faults", "later epochs ms (median)", "faults"], rows,

@@ -155,6 +155,18 @@ def _item_bytes(item: Any, field: str) -> bytes:
 def _byte_batch(items: list, field: str, max_length: int | None, bos: int | None,
                 eos: int | None, dtype: np.dtype) -> list[dict[str, Any]]:
     """``byte_tokenize`` of a list: every text's bytes in one buffer of ``dtype``, a view each."""
+    buf, lengths = _byte_buffer(items, field, max_length, bos, eos, dtype)
+    return _outs(items, _views(buf, lengths))
+
+
+def _byte_records(items: list, buf: np.ndarray, lengths: np.ndarray) -> list[dict[str, Any]]:
+    """The records ``_byte_batch`` gives for ``items``, from its buffer and lengths (an ``IdsBlock``'s)."""
+    return _outs(items, _views(buf, lengths.tolist()))
+
+
+def _byte_buffer(items: list, field: str, max_length: int | None, bos: int | None,
+                 eos: int | None, dtype: np.dtype) -> tuple[np.ndarray, list[int]]:
+    """Every text's bytes (and specials) in one buffer of ``dtype``, and each text's count."""
     keep = None if max_length is None else max_length - (bos is not None) - (eos is not None)
     try:  # the common case at C speed: dicts whose field is a str (str.encode refuses anything else)
         datas = list(map(str.encode, [item[field] for item in items]))
@@ -178,7 +190,7 @@ def _byte_batch(items: list, field: str, max_length: int | None, bos: int | None
             buf[ends - np.asarray(lengths, dtype=np.int64)] = bos
         if eos is not None:
             buf[ends - 1] = eos
-    return _outs(items, _views(buf, lengths))
+    return buf, lengths
 
 
 def _vocab_ids(item: Any, table: dict[str, int], field: str, max_length: int | None, unk_id: int,

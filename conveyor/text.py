@@ -50,9 +50,10 @@ import fsspec
 import numpy as np
 import torch
 
-from conveyor._text_ids import (CARRIED, ID_DTYPES, ROW, _assemble, _byte_batch, _byte_dtype,  # noqa: F401
-                                _check_max_length, _check_unicode, _hf_dtype, _hf_specials, _out, _outs,
-                                _text, _tokenizers, _utf8, _views, _vocab_ids, _where, ids_dtype)
+from conveyor._id_blocks import IdsBlock
+from conveyor._text_ids import (CARRIED, ID_DTYPES, ROW, _assemble, _byte_batch, _byte_buffer, _byte_dtype,  # noqa: F401
+                                _byte_records, _check_max_length, _check_unicode, _hf_dtype, _hf_specials, _out,
+                                _outs, _text, _tokenizers, _utf8, _views, _vocab_ids, _where, ids_dtype)
 from conveyor.errors import SampleError, check_message
 
 BOS_ID = 256
@@ -355,6 +356,23 @@ def _vocab_rules(args: Mapping[str, Any]) -> list[tuple[str, str]]:
     return _max_length_rule(args, (args.get("bos") is not None) + (args.get("eos") is not None))
 
 
+def _byte_columns(items: list, *, field: str = "text", max_length: int | None = None, add_bos: bool = False,
+                  add_eos: bool = False, bos_id: int = BOS_ID, eos_id: int = EOS_ID, dtype: str = "int64") -> IdsBlock:
+    """``byte_tokenize`` of a list as one ``IdsBlock``: the same ids, in one buffer, the
+    records made only if asked (``map`` gives it to a node that takes ids in bulk: pack_tokens)."""
+    flags = _flag_problems({"add_bos": add_bos, "add_eos": add_eos})
+    if flags:
+        raise ValueError(flags[0][1])
+    _check_max_length(max_length, add_bos + add_eos)
+    dt = _byte_dtype(dtype, add_bos, add_eos, bos_id, eos_id)
+    if type(items) is not list:
+        raise TypeError(f"byte_tokenize's columns take a list, got {type(items).__name__}")
+    buf, lengths = _byte_buffer(items, field, max_length, bos_id if add_bos else None, eos_id if add_eos else None,
+                                dt)
+    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _byte_records)
+
+
+byte_tokenize.columns = _byte_columns  # type: ignore[attr-defined]  # (_id_blocks.py)
 byte_tokenize.check_args = _byte_rules  # type: ignore[attr-defined]
 vocab_tokenize.check_args = _vocab_rules  # type: ignore[attr-defined]
 hf_tokenize.check_args = _hf_check_args  # type: ignore[attr-defined]

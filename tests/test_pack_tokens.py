@@ -404,3 +404,118 @@ def test_pretrain_on_another_world_size_is_a_state_error_naming_pack(monkeypatch
         with pytest.raises(StateError, match=r"node 'pack' \(pack_tokens\) from .*pretrain.yaml:\d+ cannot be "
                                              r"resumed on another world size.*packing the pool again"):
             loader.load_state_dict(states)
+
+
+# ----- ids in one block from a batch tokenizer (conveyor/_id_blocks.py) ------------------------
+
+def _texts(n: int, bad: int | None = None) -> list[dict]:
+    rng = np.random.default_rng(5)
+    docs = [{"text": "x" * int(k) + "é", "index": i, "file": "f.jsonl", "line": i + 1}
+            for i, k in enumerate(rng.integers(1, 300, n))]
+    if bad is not None:
+        docs[bad]["text"] = 7  # not a string: byte_tokenize refuses it, naming it
+    return docs
+
+
+def _tokenized(docs: list, batch: int, columns: bool, on_error: str = "raise") -> BaseNode:
+    from conveyor.nodes import MapBatches
+    from conveyor.text import byte_tokenize
+
+    def records_only(items, **args):  # the same fn, without the block it offers
+        return byte_tokenize(items, **args)
+
+    fn = byte_tokenize if columns else records_only
+    return MapBatches(_Counted(docs), fn=fn, size=batch, args={"add_eos": True, "dtype": "int16"}, on_error=on_error)
+
+
+def _packed(docs: list, batch: int, pool: int, columns: bool, on_error: str = "raise") -> PackTokens:
+    return PackTokens(_tokenized(docs, batch, columns, on_error), seq_len=128, pool=pool, batch_size=2,
+                      dtype="int16", seed=3)
+
+
+def _fingerprints(node: BaseNode, state: dict | None = None) -> list:
+    node.reset(state)
+    return [{k: v.tolist() for k, v in b.items()} for b in node]
+
+
+@pytest.mark.parametrize("batch, pool", [(50, 50), (64, 50), (32, 50), (50, 120), (7, 30), (200, 1000)])
+def test_ids_taken_in_blocks_give_the_batches_and_states_records_give(monkeypatch, batch, pool):
+    from conveyor.nodes import MapBatches
+
+    blocks = []
+    next_ids = MapBatches.next_ids
+    monkeypatch.setattr(MapBatches, "next_ids", lambda self, n: blocks.append(n) or next_ids(self, n))
+    docs = _texts(300)
+    by_records = _fingerprints(_packed(docs, batch, pool, columns=False))
+    assert blocks == []
+    by_blocks = _fingerprints(node := _packed(docs, batch, pool, columns=True))
+    assert blocks, "the pool was taken in blocks of ids"
+    assert by_blocks == by_records
+    assert node.stats()["documents"] == 300
+    for k in range(0, len(by_records), 7):  # a state taken on the block path resumes on either
+        first = _packed(docs, batch, pool, columns=True)
+        first.reset()
+        for _ in range(k):
+            next(first)
+        state = json.loads(json.dumps(first.state_dict()))
+        for columns in (True, False):
+            assert _fingerprints(_packed(docs, batch, pool, columns), state) == by_records[k:], (k, columns)
+
+
+def test_a_list_with_a_bad_record_goes_by_records_and_its_record_is_named_or_skipped():
+    docs = _texts(120, bad=57)
+    with pytest.raises(SampleError, match=r"f\.jsonl:58: field 'text' is int, expected a string"):
+        _fingerprints(_packed(docs, 32, 50, columns=True))
+    skipping = _packed(docs, 32, 50, columns=True, on_error="skip")
+    got = _fingerprints(skipping)
+    assert got == _fingerprints(_packed(docs, 32, 50, columns=False, on_error="skip"))
+    assert skipping.source.stats()["skipped"] == 1 and skipping.stats()["documents"] == 119
+
+
+class _Blocks(_Counted):
+    """``_Counted`` that also gives its records as ``IdsBlock``s (``next_ids``), as a batch
+    tokenizer's map does."""
+
+    def ids_ready(self) -> bool:
+        return True
+
+    def next_ids(self, n: int):
+        from conveyor._id_blocks import IdsBlock
+
+        if self._i >= len(self.items):
+            raise StopIteration
+        part = self.items[self._i:self._i + n]
+        self._i += len(part)
+        self.reads += len(part)
+        return IdsBlock.of_records(part, "input_ids")
+
+
+@pytest.mark.parametrize("items, message", [
+    ([{"file": "a.jsonl", "line": 1, "input_ids": [5, 6]}, {"file": "a.jsonl", "line": 2, "input_ids": []}],
+     r"a\.jsonl:2 has no tokens \(an empty document\)"),
+    ([{"file": "a.jsonl", "line": 1, "input_ids": [5, 6]}, {"file": "a.jsonl", "line": 2, "input_ids": [1, 300]}],
+     r"a\.jsonl:2 has token id 300, which dtype=uint8 cannot hold"),
+])
+def test_a_bad_document_in_a_block_is_named_by_its_record(items, message):
+    with pytest.raises(SampleError, match=message):
+        _rows(PackTokens(_Blocks(items), seq_len=8, pool=10, dtype="uint8"))
+
+
+def test_blocks_and_records_of_the_same_documents_pack_the_same():
+    docs = _docs([int(x) for x in np.random.default_rng(4).integers(1, 90, 200)])
+    by_blocks = [b["input_ids"].tolist() for b in _rows(PackTokens(_Blocks(docs), seq_len=100, pool=30))]
+    assert by_blocks == [b["input_ids"].tolist() for b in _rows(PackTokens(_Counted(docs), seq_len=100, pool=30))]
+
+
+def test_pretrain_yaml_takes_its_pools_as_blocks_and_counts_every_document(monkeypatch):
+    from conveyor import load_graph
+    from conveyor.nodes import MapBatches
+
+    asked = []
+    next_ids = MapBatches.next_ids
+    monkeypatch.setattr(MapBatches, "next_ids", lambda self, n: asked.append(n) or next_ids(self, n))
+    with load_graph(ROOT / "specs/pretrain.yaml") as loader:
+        batches = sum(1 for _ in loader)
+        nodes = loader.stats()["nodes"]
+    assert batches and len(asked) >= 5  # a pool of 1,000 documents a block or two (batch 1,024)
+    assert nodes["tokenize"]["items"] == nodes["read"]["items"] == nodes["pack"]["documents"] == 4016

@@ -136,6 +136,7 @@ class Counted(BaseNode):
         self._direct = inner.next if type(inner).__next__ is BaseNode.__next__ else inner.__next__
         many = getattr(inner, "next_many", None)  # items in lists (nodes/capabilities.py)
         self._many: Callable[[int], list] = many if many is not None else partial(pull, self._direct)
+        self._ids_ready = getattr(inner, "ids_ready", None)  # ids in one block (nodes/capabilities.py)
         self._n = 0
         self.items_before = 0  # items of the epochs before this one (for a lifetime count)
         self.seconds = 0.0
@@ -263,6 +264,25 @@ class Counted(BaseNode):
         items = self._many(n)
         self._n += len(items)
         return items
+
+    def ids_ready(self) -> bool:
+        """Whether the inner node gives its next items as one block of ids now (``IdsAtOnce``);
+        never while a watcher or a profiler wants every item."""
+        ready = self._ids_ready
+        return (ready is not None and self._hook is None
+                and not (_profiler._is_profiler_enabled and self.range_name is not None) and ready())
+
+    def next_ids(self, n: int) -> Any:
+        """The inner node's ``next_ids(n)``, counted as items and timed as one call, as ``next_many``."""
+        many, self._many = self._many, self.inner.next_ids
+        try:
+            if self._timed:
+                return self._measured(n)
+            block = self._many(n)
+            self._n += len(block)
+            return block
+        finally:
+            self._many = many
 
     def _profiled(self) -> Any:
         """A call inside a profiler range named after the node (while a profiler records)."""

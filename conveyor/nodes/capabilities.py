@@ -14,6 +14,7 @@ protocol       member                                          asked by
 ``Ledgered``   ``ledger``: a ``SkipLedger``                    ``Loader.skipped()``
 ``Counts``     ``count() -> int | None``: items this epoch     ``len(loader)``, ``shard``
 ``ManyAtOnce`` ``next_many(n) -> list`` (see ``take``)         nodes that pull many items
+``IdsAtOnce``  ``next_ids(n)``, ``ids_ready()``                nodes that take ids in bulk
 ``Watched``    ``waiting_on() -> str | None``                  the watchdog
 ``Lingers``    ``lingering() -> list[Thread]``                 ``Loader.close()`` joins them
 ``Elastic``    ``elastic_input(cursor, **params) -> Cursor``   elastic resume (``graphs/elastic``)
@@ -32,6 +33,12 @@ calls of ``next()`` would give, its state afterwards the state after those items
 return fewer than ``n`` where that is cheaper (the end of a block of lines, of a shuffle
 window, of a mapped list). A node that pulls many items at a time pulls them with ``take``,
 which uses ``next_many`` where the input has it and plain ``next()`` where it does not.
+
+``next_ids(n)``: a node whose items are records of token ids (a batch tokenizer's ``map``)
+may give up to ``n`` of them as one ``IdsBlock`` (every record's ids in one buffer, the records
+made only if asked: ``conveyor/_id_blocks.py``), where ``ids_ready()`` says it can now; the
+same items as ``next_many``, its state afterwards the same. A node that takes ids in bulk
+(``pack_tokens``) asks with ``take_ids`` and takes the records with ``take`` otherwise.
 """
 
 from __future__ import annotations
@@ -76,6 +83,12 @@ class Counts(Protocol):
 @runtime_checkable
 class ManyAtOnce(Protocol):
     def next_many(self, n: int) -> list: ...
+
+
+@runtime_checkable
+class IdsAtOnce(Protocol):
+    def ids_ready(self) -> bool: ...
+    def next_ids(self, n: int) -> Any: ...
 
 
 @runtime_checkable
@@ -187,6 +200,16 @@ def pull(fetch: Callable[[], Any], n: int) -> list:
         if not items:
             raise
     return items
+
+
+def take_ids(source: Any, n: int) -> Any:
+    """Up to ``n`` next items of ``source`` as one ``IdsBlock`` (``conveyor/_id_blocks.py``)
+    where it gives them so now (a batch tokenizer's map, inline, between its lists), an empty
+    one where it took a list its fn would not give so (its items then come from ``take``), or
+    None: take them with ``take``. ``StopIteration`` if it has none."""
+    if has(source, IdsAtOnce) and source.ids_ready():
+        return source.next_ids(n)
+    return None
 
 
 def take_exactly(source: Any, n: int) -> list:

@@ -27,8 +27,10 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+import numpy as np
 from torchdata.nodes import BaseNode
 
+from conveyor._id_blocks import IdsBlock
 from conveyor.errors import StateError
 from conveyor.nodes import capabilities as cap
 from conveyor.nodes._elastic import Cursor
@@ -75,17 +77,23 @@ class _Lists(BaseNode[list]):
         return None if n is None else -(-n // self.size)
 
 
+_NO_IDS = IdsBlock(np.empty(0, np.int64), np.empty(0, np.int64), [], lambda items, ids, lengths: [])
+
+
 class _WrongCount(TypeError):
     """``fn`` broke the contract of a batch map (not one result per item): always raised."""
 
 
 class _ListCall:
-    """Calls ``fn`` on a list; on an error, item by item, marking the bad ones (picklable)."""
+    """Calls ``fn`` on a list; on an error, item by item, marking the bad ones (picklable).
+    With ``block`` set (``MapBatches.next_ids``, inline only), ``fn.columns`` first: the list's
+    results as one ``IdsBlock``, or where it refuses the list, the results as always."""
 
     def __init__(self, fn: Callable, args: dict[str, Any]):
         self.fn = fn
         self.args = dict(args)
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self.block = False
 
     def _call(self, items: list) -> list:
         out = self.fn(items, **self.args)
@@ -95,7 +103,14 @@ class _ListCall:
                             "with map's batch it must return a list with one result per item")
         return list(out)
 
-    def __call__(self, items: list) -> list:
+    def __call__(self, items: list) -> list | IdsBlock:
+        if self.block:
+            try:
+                block = self.fn.columns(items, **self.args)
+            except Exception:  # a bad item among them: found and named by the list's call below
+                block = None
+            if type(block) is IdsBlock and len(block) == len(items):
+                return block
         try:
             return self._call(items)
         except _WrongCount:
@@ -154,8 +169,10 @@ class MapBatches(BaseNode):
         self.size = size
         self.on_error = on_error
         self.where = where or f"map {getattr(fn, '__name__', fn)!r} (batch {size})"
-        self._map = Map(_Lists(source, size), fn=_ListCall(fn, args or {}), workers=workers,
+        self._call = _ListCall(fn, args or {})
+        self._map = Map(_Lists(source, size), fn=self._call, workers=workers,
                         method=method, on_error="raise", where=self.where, **map_kw)
+        self._columns = callable(getattr(fn, "columns", None)) and not workers  # (next_ids)
         self.workers, self.method = workers, method
         self.errors = OnError(on_error, self.where, log)  # for the bad items the lists hold
         self.ledger = self.errors.ledger
@@ -238,6 +255,32 @@ class MapBatches(BaseNode):
         out[pos:pos + len(chunk)] = [None] * len(chunk)  # let emitted results go
         self._pos = pos + len(chunk)
         return chunk
+
+    def ids_ready(self) -> bool:
+        """Whether ``next_ids`` can give a block now: ``fn`` offers one (``columns``), it runs
+        inline, and no result of a list is left to emit."""
+        return self._columns and self._pos >= len(self._out)
+
+    def next_ids(self, n: int) -> IdsBlock:
+        """Up to ``n`` results of the next list as one ``IdsBlock`` (nodes/capabilities.py), where
+        ``ids_ready``; the rest of the list is left to ``next``, as records. Where ``fn`` refuses
+        the list (a bad item among them), an empty block, and the list's results are left to
+        ``next`` and ``next_many``, as always. The state moves as ``next_many``'s would."""
+        before = self._map.state_dict()
+        self._call.block = True
+        try:
+            got = next(self._map)  # StopIteration ends the stream (the state stays as it was)
+        finally:
+            self._call.block = False
+        if type(got) is not IdsBlock:
+            self._before, self._out, self._pos = before, got, 0
+            return _NO_IDS
+        rest: list = []
+        if n < len(got):
+            got, more = got.split(n)
+            rest = more.records()
+        self._before, self._out, self._pos = before, [None] * len(got) + rest, len(got)
+        return got
 
     def get_state(self) -> dict:
         # always the state before the current list (all of whose results may be out: then a

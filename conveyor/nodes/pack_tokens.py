@@ -45,13 +45,14 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
+from conveyor._id_blocks import IdsBlock
 from conveyor.errors import SampleError, StateError
 from conveyor.nodes._buckets import item_where
 from conveyor.nodes._packing import best_fit, cu_width, first_fit, lay_out
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 from conveyor.nodes._workers.batch_slabs import SLAB_MARK, Buffers
-from conveyor.nodes.capabilities import take_exactly
+from conveyor.nodes.capabilities import take as take_records, take_ids
 from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, ListOf, Plain
 
 log = logging.getLogger(__name__)
@@ -239,15 +240,16 @@ class PackTokens(BaseNode[dict]):
     # ----- reading and packing ------------------------------------------------------------
     def _load(self) -> None:
         """Read the next pool and pack it (``_rows`` None where the input had nothing left)."""
-        items = [] if self._ended else take_exactly(self.source, self.pool)
-        if len(items) < self.pool:
+        parts = [] if self._ended else self._take_pool()
+        got = sum(map(len, parts))
+        if got < self.pool:
             self._ended = True
-        if not items:
+        if not got:
             self._rows = None
             return
         self._after = self.source.state_dict()
         self._arrays, self._views = {}, None  # (the last pool's arrays may be reused once no batch holds them)
-        flat, starts, lengths = self._pool_pieces(items)
+        flat, starts, lengths = self._pool_pieces(parts, got)
         if not len(lengths):  # every document skipped: a pool of no rows
             self._rows, self._n, self._i = {}, 0, 0
             return
@@ -276,16 +278,36 @@ class PackTokens(BaseNode[dict]):
         cap = 1 << max(shape[0] - 1, 0).bit_length()
         return buffers.get((cap, *shape[1:]), np.dtype(dtype))[:shape[0]]
 
-    def _pool_pieces(self, items: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _take_pool(self) -> list:
+        """The next pool's documents (fewer at the input's end), in parts: each an ``IdsBlock``
+        where the input gives one (a batch tokenizer: its records are made only if a document
+        needs naming, ``conveyor/_id_blocks.py``), else a list of records."""
+        parts: list = []
+        need = self.pool
+        source = self.source
+        while need:
+            try:
+                block = take_ids(source, need)
+                part = take_records(source, need) if block is None else block
+            except StopIteration:
+                break
+            if len(part):
+                parts.append(part)
+                need -= len(part)
+        return parts
+
+    def _pool_pieces(self, parts: list, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The pool's pieces: ``(flat, starts, lengths)``, piece ``k`` being
-        ``flat[starts[k]:starts[k] + lengths[k]]``, in the order of the documents.
+        ``flat[starts[k]:starts[k] + lengths[k]]``, in the order of the documents (``count`` of
+        them, in ``parts``: ``_take_pool``).
 
         The common pool (1-D integer ids in range, none empty, none to skip) is checked and cut
         with a few numpy calls over all its documents; any other goes document by document
         (``_pieces``), which names the record at fault and counts the skips.
         """
-        fast = self._fast_ids(items)
+        fast = self._fast_ids(parts)
         if fast is None:
+            items = [r for part in parts for r in (part.records() if type(part) is IdsBlock else part)]
             pieces: list[np.ndarray] = []
             for item in items:
                 pieces += [p.astype(self.dtype, copy=False) for p in self._pieces(item)]
@@ -298,7 +320,7 @@ class PackTokens(BaseNode[dict]):
         long = lengths > seq_len
         n_long = int(np.count_nonzero(long))
         if not self._replaying:
-            self._stats["docs"] += len(items)
+            self._stats["docs"] += count
             if n_long:
                 self._stats["split" if self.overflow == "split" else "truncated"] += n_long
         if not n_long:
@@ -310,16 +332,21 @@ class PackTokens(BaseNode[dict]):
         offset = (np.arange(len(doc), dtype=np.int64) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)) * seq_len
         return flat, starts[doc] + offset, np.minimum(seq_len, lengths[doc] - offset)
 
-    def _fast_ids(self, items: list) -> tuple[np.ndarray, np.ndarray] | None:
+    def _fast_ids(self, parts: list) -> tuple[np.ndarray, np.ndarray] | None:
         """``(all ids concatenated, each document's length)`` when every document of the pool
         passes ``_ids``' checks, is not empty and needs no skip; else None."""
         field = self.field
-        try:
-            values = [item[field] for item in items]  # (tensors too: concatenate reads them as arrays)
-            lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
-            flat = np.concatenate(values)
-        except (KeyError, TypeError, IndexError, ValueError, RuntimeError):
+        blocks = [part if type(part) is IdsBlock else IdsBlock.of_records(part, field) for part in parts]
+        if None in blocks:  # (tensors join too: concatenate reads them as arrays)
             return None
+        if len(blocks) == 1:
+            flat, lengths = blocks[0].ids, blocks[0].lengths
+        else:
+            try:
+                flat = np.concatenate([b.ids for b in blocks])
+            except (TypeError, ValueError):
+                return None
+            lengths = np.concatenate([b.lengths for b in blocks])
         if flat.ndim != 1 or flat.dtype.kind not in "iub" or not lengths.all():
             return None
         if self.overflow == "skip" and int(lengths.max()) > self.seq_len:
