@@ -159,8 +159,8 @@ def _byte_batch(items: list, field: str, max_length: int | None, bos: int | None
     return _outs(items, _views(buf, lengths))
 
 
-def _byte_records(items: list, buf: np.ndarray, lengths: np.ndarray) -> list[dict[str, Any]]:
-    """The records ``_byte_batch`` gives for ``items``, from its buffer and lengths (an ``IdsBlock``'s)."""
+def _block_records(items: list, buf: np.ndarray, lengths: np.ndarray) -> list[dict[str, Any]]:
+    """The records a batch tokenizer gives for ``items``, from its buffer and lengths (an ``IdsBlock``'s)."""
     return _outs(items, _views(buf, lengths.tolist()))
 
 

@@ -52,7 +52,7 @@ import torch
 
 from conveyor._id_blocks import IdsBlock
 from conveyor._text_ids import (CARRIED, ID_DTYPES, ROW, _assemble, _byte_batch, _byte_buffer, _byte_dtype,  # noqa: F401
-                                _byte_records, _check_max_length, _check_unicode, _hf_dtype, _hf_specials, _out,
+                                _block_records, _check_max_length, _check_unicode, _hf_dtype, _hf_specials, _out,
                                 _outs, _text, _tokenizers, _utf8, _views, _vocab_ids, _where, ids_dtype)
 from conveyor.errors import SampleError, check_message
 
@@ -249,18 +249,36 @@ def hf_tokenize(item: Any, *, tokenizer: str, field: str = "text", max_length: i
             _check_unicode(item, text, field)
             raise SampleError(f"{_where(item)}: the tokenizer failed: {type(exc).__name__}: {exc}") from exc
         return _out(item, torch.from_numpy(np.array(ids, dtype=dt)))
-    texts = [_text(x, field) for x in item]
+    buf, lengths = _hf_buffer(item, field, tok, add_special_tokens, dt)
+    return _outs(item, _views(buf, lengths))
+
+
+def _hf_buffer(items: list, field: str, tok: Any, add_special_tokens: bool, dt: np.dtype) -> tuple[np.ndarray, list[int]]:
+    """The ids of a list's texts, one ``encode_batch``, in one buffer of ``dt``; each text's count."""
+    texts = [_text(x, field) for x in items]
     try:
         encodings = tok.encode_batch(texts, add_special_tokens=add_special_tokens)
     except Exception as exc:  # find the record it failed on
-        for x, text in zip(item, texts):
+        for x, text in zip(items, texts):
             _check_unicode(x, text, field)
-        raise SampleError(f"the tokenizer failed on a list of {len(item)} records "
-                          f"({_where(item[0])} ...): {type(exc).__name__}: {exc}") from exc
+        raise SampleError(f"the tokenizer failed on a list of {len(items)} records "
+                          f"({_where(items[0])} ...): {type(exc).__name__}: {exc}") from exc
     all_ids = [e.ids for e in encodings]
     lengths = [len(ids) for ids in all_ids]
-    buf = np.fromiter(itertools.chain.from_iterable(all_ids), dt, sum(lengths))
-    return _outs(item, _views(buf, lengths))
+    return np.fromiter(itertools.chain.from_iterable(all_ids), dt, sum(lengths)), lengths
+
+
+def _hf_columns(items: list, *, tokenizer: str, field: str = "text", max_length: int | None = None,
+                add_special_tokens: bool = True, dtype: str = "int64") -> IdsBlock:
+    """``hf_tokenize`` of a list as one ``IdsBlock`` (see ``_byte_columns``)."""
+    _check_max_length(max_length, 0)
+    tok = load_tokenizer(str(tokenizer), max_length)
+    _hf_specials(tok, max_length, add_special_tokens)
+    dt = _hf_dtype(tok, dtype)
+    if type(items) is not list:
+        raise TypeError(f"hf_tokenize's columns take a list, got {type(items).__name__}")
+    buf, lengths = _hf_buffer(items, field, tok, add_special_tokens, dt)
+    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _block_records)
 
 
 
@@ -369,10 +387,11 @@ def _byte_columns(items: list, *, field: str = "text", max_length: int | None = 
         raise TypeError(f"byte_tokenize's columns take a list, got {type(items).__name__}")
     buf, lengths = _byte_buffer(items, field, max_length, bos_id if add_bos else None, eos_id if add_eos else None,
                                 dt)
-    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _byte_records)
+    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _block_records)
 
 
 byte_tokenize.columns = _byte_columns  # type: ignore[attr-defined]  # (_id_blocks.py)
+hf_tokenize.columns = _hf_columns  # type: ignore[attr-defined]
 byte_tokenize.check_args = _byte_rules  # type: ignore[attr-defined]
 vocab_tokenize.check_args = _vocab_rules  # type: ignore[attr-defined]
 hf_tokenize.check_args = _hf_check_args  # type: ignore[attr-defined]

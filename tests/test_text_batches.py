@@ -192,6 +192,32 @@ def test_hf_tokenize_one_by_one_and_in_lists(tokenizer_json):
         sum(len(r["text"].encode()) for r in records)
 
 
+@pytest.mark.parametrize("which, kw", [("byte", {}), ("byte", {"max_length": 9, "add_bos": True, "add_eos": True,
+                                                                  "dtype": "int16"}),
+                                        ("hf", {"max_length": 32}), ("hf", {"dtype": "int32"})])
+def test_a_tokenizer_s_block_holds_the_ids_and_makes_the_records_of_its_list(tokenizer_json, which, kw):
+    """``fn.columns`` (what map hands pack_tokens through next_ids): the list's ids in one
+    buffer, with their lengths, and the records ``fn`` gives for the list, made when asked."""
+    fn = byte_tokenize if which == "byte" else hf_tokenize
+    if which == "hf":
+        kw = dict(kw, tokenizer=tokenizer_json)
+    for records in _mixed(_records()):
+        want = fn(records, **kw)
+        block = fn.columns(records, **kw)
+        assert len(block) == len(records) and block.lengths.dtype == np.int64
+        assert block.lengths.tolist() == [len(o["input_ids"]) for o in want]
+        assert block.ids.tolist() == [i for o in want for i in o["input_ids"].tolist()]
+        got = block.records()
+        assert [list(o) for o in got] == [list(o) for o in want]
+        assert all(g["input_ids"].dtype == w["input_ids"].dtype and g["input_ids"].tolist() == w["input_ids"].tolist()
+                   and list(g.items())[1:] == list(w.items())[1:] for g, w in zip(got, want))
+        head, rest = block.split(3)
+        assert [o["input_ids"].tolist() for o in head.records() + rest.records()] == \
+            [o["input_ids"].tolist() for o in want]
+    with pytest.raises(SampleError):  # a record the fn refuses: map then takes the list by records
+        fn.columns([{"text": 5, "file": "a", "line": 1}], **kw)
+
+
 def _docstrings() -> list[str]:
     """Real prose: the docstrings of a few standard-library modules and their members."""
     import argparse
