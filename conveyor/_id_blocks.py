@@ -23,21 +23,22 @@ Records = Callable[[list, np.ndarray, np.ndarray], list]  # (items, ids, lengths
 
 class IdsBlock:
     """``ids`` (1-D, every record's ids one after another) and ``lengths`` (int64, a record's
-    ids each) of the records made from ``items`` by ``make(items, ids, lengths)``.
+    ids each) of the records made from ``items`` by ``make(items, ids, lengths)``, which hold
+    their ids in ``field``.
 
     Example:
-        >>> b = IdsBlock(np.array([1, 2, 3]), np.array([2, 1]), ["a", "b"], lambda i, x, n: list(zip(i, n)))
-        >>> len(b), b.records()
-        (2, [('a', 2), ('b', 1)])
+        >>> b = IdsBlock(np.array([1, 2, 3]), np.array([2, 1]), ["a", "b"], lambda i, x, n: list(zip(i, n.tolist())))
+        >>> len(b), b.records(), b.field
+        (2, [('a', 2), ('b', 1)], 'input_ids')
         >>> head, rest = b.split(1)
         >>> head.ids.tolist(), rest.ids.tolist(), rest.records()
         ([1, 2], [3], [('b', 1)])
     """
 
-    __slots__ = ("ids", "lengths", "_items", "_make")
+    __slots__ = ("ids", "lengths", "field", "_items", "_make")
 
-    def __init__(self, ids: np.ndarray, lengths: np.ndarray, items: list, make: Records):
-        self.ids, self.lengths, self._items, self._make = ids, lengths, items, make
+    def __init__(self, ids: np.ndarray, lengths: np.ndarray, items: list, make: Records, field: str = "input_ids"):
+        self.ids, self.lengths, self.field, self._items, self._make = ids, lengths, field, items, make
 
     def __len__(self) -> int:
         return len(self._items)
@@ -49,8 +50,8 @@ class IdsBlock:
     def split(self, k: int) -> tuple["IdsBlock", "IdsBlock"]:
         """The first ``k`` records' block and the rest's."""
         end = int(self.lengths[:k].sum())
-        return (IdsBlock(self.ids[:end], self.lengths[:k], self._items[:k], self._make),
-                IdsBlock(self.ids[end:], self.lengths[k:], self._items[k:], self._make))
+        return (IdsBlock(self.ids[:end], self.lengths[:k], self._items[:k], self._make, self.field),
+                IdsBlock(self.ids[end:], self.lengths[k:], self._items[k:], self._make, self.field))
 
     @classmethod
     def of_records(cls, records: list, field: str) -> "IdsBlock | None":
@@ -62,7 +63,7 @@ class IdsBlock:
             ids = np.concatenate(values)
         except (KeyError, TypeError, IndexError, ValueError, RuntimeError):
             return None
-        return cls(ids, lengths, records, _themselves)
+        return cls(ids, lengths, records, _themselves, field)
 
 
 def _themselves(items: list, ids: Any, lengths: Any) -> list:

@@ -519,3 +519,10 @@ def test_pretrain_yaml_takes_its_pools_as_blocks_and_counts_every_document(monke
         nodes = loader.stats()["nodes"]
     assert batches and len(asked) >= 5  # a pool of 1,000 documents a block or two (batch 1,024)
     assert nodes["tokenize"]["items"] == nodes["read"]["items"] == nodes["pack"]["documents"] == 4016
+
+
+def test_a_block_of_another_field_than_pack_s_is_not_taken_for_it():
+    # the tokenizer's block holds input_ids; a pack reading another field names the record
+    node = PackTokens(_tokenized(_texts(40), 16, columns=True), seq_len=128, pool=20, field="ids", dtype="int16")
+    with pytest.raises(SampleError, match=r"f\.jsonl:1 has no token field 'ids' \(it has fields"):
+        _fingerprints(node)

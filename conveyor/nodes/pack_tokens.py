@@ -336,7 +336,8 @@ class PackTokens(BaseNode[dict]):
         """``(all ids concatenated, each document's length)`` when every document of the pool
         passes ``_ids``' checks, is not empty and needs no skip; else None."""
         field = self.field
-        blocks = [part if type(part) is IdsBlock else IdsBlock.of_records(part, field) for part in parts]
+        blocks = [part if type(part) is IdsBlock and part.field == field
+                  else IdsBlock.of_records(part.records() if type(part) is IdsBlock else part, field) for part in parts]
         if None in blocks:  # (tensors join too: concatenate reads them as arrays)
             return None
         if len(blocks) == 1:
