@@ -526,3 +526,19 @@ def test_a_block_of_another_field_than_pack_s_is_not_taken_for_it():
     node = PackTokens(_tokenized(_texts(40), 16, columns=True), seq_len=128, pool=20, field="ids", dtype="int16")
     with pytest.raises(SampleError, match=r"f\.jsonl:1 has no token field 'ids' \(it has fields"):
         _fingerprints(node)
+
+
+def test_a_block_that_does_not_add_up_is_not_taken(monkeypatch):
+    # a fn's columns whose lengths do not sum to its ids (a plug-in's mistake): the list goes by records
+    from conveyor.text import byte_tokenize
+
+    good = byte_tokenize.columns
+
+    def short(items, **args):
+        block = good(items, **args)
+        block.ids = block.ids[:-1]
+        return block
+
+    monkeypatch.setattr(byte_tokenize, "columns", short)
+    docs = _texts(90)
+    assert _fingerprints(_packed(docs, 30, 30, columns=True)) == _fingerprints(_packed(docs, 30, 30, columns=False))

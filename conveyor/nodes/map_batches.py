@@ -109,7 +109,8 @@ class _ListCall:
                 block = self.fn.columns(items, **self.args)
             except Exception:  # a bad item among them: found and named by the list's call below
                 block = None
-            if type(block) is IdsBlock and len(block) == len(items):
+            if (type(block) is IdsBlock and len(block) == len(block.lengths) == len(items)
+                    and int(block.lengths.sum()) == len(block.ids)):  # (a plug-in's block that does not add up: records)
                 return block
         try:
             return self._call(items)
