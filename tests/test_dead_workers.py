@@ -313,3 +313,47 @@ output: parse
         loader.close()
     head = str(err.value).partition("\n")[0]
     assert head.startswith("node 'parse' (map) from ") and head.endswith(": TwoArgError: no 3"), head
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_copy_alive_but_silent_past_the_timeout_is_an_error_naming_it_and_the_state_resumes(
+        write_spec) -> None:
+    # a stopped process (SIGSTOP: alive, sends nothing), as a fn stuck in a read would be;
+    # without workers: timeout the merge waits for it for ever (the watchdog names it)
+    spec = write_spec(COPIES_SPEC.replace("mp_context: forkserver}", "mp_context: forkserver, timeout: 2}"))
+    loader = load_graph(spec)
+    pids: list[int] = []
+    try:
+        it = iter(loader)
+        before = [_batch(next(it)) for _ in range(3)]
+        state = loader.state_dict()
+        pids = loader.nodes["parse"].worker_pids()
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match=r"^worker copies up to node 'parse': worker copy 1 \(pid "
+                                              rf"{pids[1]}, .*\) sent nothing for 2 s \(workers: timeout\)") as err:
+            for _ in range(100):  # what copy 1 sent before it stopped may come first
+                next(it)
+        assert 2 <= time.monotonic() - t0 < 30 and err.value.pid == pids[1]
+    finally:
+        loader.close()  # a stopped worker is killed at once
+    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p, 0)]
+    resumed = load_graph(spec)
+    try:
+        resumed.load_state_dict(state)
+        rest = [_batch(b) for b in resumed]
+    finally:
+        resumed.close()
+    plain = spec.with_name("plain.yaml")
+    plain.write_text("\n".join(line for line in spec.read_text().splitlines() if not line.startswith("workers:")))
+    with load_graph(plain) as whole:
+        assert before + rest == [_batch(b) for b in whole]
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "true", "abc", ".nan"])
+def test_a_bad_workers_timeout_is_a_spec_error(write_spec, bad: str) -> None:
+    from conveyor import SpecErrors, check_spec
+
+    spec = write_spec(COPIES_SPEC.replace("mp_context: forkserver}", f"mp_context: forkserver, timeout: {bad}}}"))
+    with pytest.raises(SpecErrors, match=r"workers: timeout must be a positive number of seconds"):
+        check_spec(spec)

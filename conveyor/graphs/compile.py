@@ -198,7 +198,7 @@ def compile_plan(plan: Plan) -> Compiled:
         factory = CopyFactory(plan, copied, copies.until, rank, world, copies.count)
         merge = WorkerCopies(factory, copies=copies.count, method=copies.method,
                              mp_context=copies.mp_context, where=f"worker copies up to node '{copies.until}'",
-                             address=getattr(copies, "address", None))
+                             address=getattr(copies, "address", None), timeout=getattr(copies, "timeout", None))
         built[copies.until] = Counted(merge, copies.until)
     main = [n for n in order if n not in copied]
     _build(plan, main, rank, world, 0, 1, built)

@@ -3,6 +3,7 @@
     workers: 2                                   # shorthand: 2 processes, default `until`
     workers: {copies: 2, method: process, until: tokenize, mp_context: spawn}
     workers: {copies: 4, method: ray, address: "10.0.0.1:6379"}   # Ray actors (RAY_ADDRESS by default)
+    workers: {copies: 2, timeout: 600}           # a copy silent for 600 s is an error naming it
 
 ``until`` is the last node run inside the copies; the default is the node just before the
 first batching op (``OpSpec.batches``: ``batch``, ``bucket_batch``) on the way to the output,
@@ -25,7 +26,7 @@ from conveyor.graphs.params import did_you_mean, interpolate
 from conveyor.graphs.registry import resolve_fn
 
 METHODS = ("process", "thread", "ray")
-KEYS = ("copies", "method", "until", "mp_context", "address")
+KEYS = ("copies", "method", "until", "mp_context", "address", "timeout")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class CopiesPlan:
     until: str
     mp_context: str | None
     address: str | None = None
+    timeout: float | None = None  # seconds a copy may send nothing (DataLoader's timeout); None: no limit
 
 
 def start_methods() -> list[str]:
@@ -107,6 +109,12 @@ def check_copies(raw: Any, nodes: dict, graph: dict[str, list[str]], output: str
         errs.add(f"workers: address names the Ray cluster of method: ray, got {address!r} with method: "
                  f"{method}", at + ("address",), param="workers")
         ok = False
+    timeout = spec.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout > 0 or timeout == float("inf")):
+        errs.add(f"workers: timeout must be a positive number of seconds a copy may send nothing (or "
+                 f"null: no limit), got {timeout!r}", at + ("timeout",), param="workers")
+        ok = False
     if method == "ray" and importlib.util.find_spec("ray") is None:
         errs.add("workers: method: ray needs Ray, which is not installed: pip install 'conveyor[ray]' "
                  "(keeps torch as it is)", at + ("method",), param="workers")
@@ -120,7 +128,7 @@ def check_copies(raw: Any, nodes: dict, graph: dict[str, list[str]], output: str
         return None
     if not ok:
         return None
-    plan = CopiesPlan(count, method, until, spec.get("mp_context"), address)
+    plan = CopiesPlan(count, method, until, spec.get("mp_context"), address, timeout)
     if count == 1:
         return plan
     copied = _closure(until, graph)

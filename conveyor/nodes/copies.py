@@ -39,6 +39,7 @@ from typing import Any, Callable
 
 from torchdata.nodes import BaseNode
 
+from conveyor.errors import WorkerError
 from conveyor.nodes._elastic import Cursor, compact
 from conveyor.nodes._skips import LEDGER_KEY, ledgers
 from conveyor.nodes._workers.child_processes import describe, died, end_processes, threads_instead
@@ -77,6 +78,10 @@ class WorkerCopies(BaseNode):
             so cheap items travel in big chunks. An epoch starts with chunks of 8, doubling.
         max_wait: seconds a worker gathers a chunk before sending what it has.
         start_timeout: seconds to wait for a worker to build its copy and start an epoch.
+        timeout: seconds the merge waits for a worker's next chunk before a ``WorkerError``
+            naming it (a worker alive but silent: stuck in a fn, a read that never returns, a
+            stopped process), as ``DataLoader``'s ``timeout``; ``None`` (default): no limit
+            (the loader's watchdog names the copy it waits for, and warns again).
         where: the copied part in words, for errors (``the worker copies up to node 'parse'``).
         address: with ``method="ray"``, the Ray cluster to run the copies on (default
             ``RAY_ADDRESS``, else a local one started here).
@@ -96,9 +101,13 @@ class WorkerCopies(BaseNode):
                  method: str = "process", mp_context: str | None = "spawn", depth: int = 8,
                  pipe_bytes: int = 1 << 18, run_ahead: bool = True,
                  chunk: int = 256, max_wait: float = 0.05, start_timeout: float = 300.0,
-                 where: str = "worker copies", address: str | None = None):
+                 where: str = "worker copies", address: str | None = None, timeout: float | None = None):
         super().__init__()
         self.where = where
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout > 0):
+            raise ValueError(f"{timeout=} must be a positive number of seconds, or None (no limit)")
+        self.timeout = timeout
         if not isinstance(copies, int) or copies < 1:
             raise ValueError(f"{copies=} must be an int >= 1")
         if method not in METHODS:
@@ -185,8 +194,9 @@ class WorkerCopies(BaseNode):
             self._out.append(out_q)
         self._t_launch = t0
 
-    def _get(self, w: int, timeout: float | None = None) -> tuple:
-        """The next message of worker ``w`` for the current (generation, epoch)."""
+    def _get(self, w: int, timeout: float | None = None, stall: bool = False) -> tuple:
+        """The next message of worker ``w`` for the current (generation, epoch), within
+        ``timeout`` seconds where given (``stall``: a chunk in an epoch, ``WorkerError`` past it)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self.waiting_for = w
         try:
@@ -202,6 +212,8 @@ class WorkerCopies(BaseNode):
                     if broken:
                         raise RuntimeError(f"worker copy {w}: its pipe broke ({gone})") from gone
                     if deadline is not None and time.monotonic() > deadline:
+                        if stall:
+                            raise self._stalled(w, timeout) from None
                         raise TimeoutError(f"worker copy {w} did not start within {timeout:.0f} s")
                     continue
                 if msg[1] == ITEMS and self._credits[w] is not None:
@@ -218,6 +230,16 @@ class WorkerCopies(BaseNode):
                         pass  # its sender is gone: the next message (or its absence) says so
         finally:
             self.waiting_for = None
+
+    def _stalled(self, w: int, seconds: float) -> Exception:
+        """The error for worker ``w`` alive and silent for ``seconds`` (``timeout``)."""
+        worker = self._workers[w]
+        how = describe(worker) if self.method == "process" else self.method
+        pid = getattr(worker, "pid", None) if self.method == "process" else None
+        return WorkerError(f"{self.where}: worker copy {w} ({how}) sent nothing for {seconds:g} s (workers: "
+                           "timeout): stuck in a fn or a read, or one item takes longer than that; raise "
+                           "timeout for such items. The loader's state from before is intact: a new loader "
+                           "resumes from it", node=self.where, pid=pid)
 
     def _died(self, w: int, more: str = "") -> Exception:
         """The error for worker ``w`` gone: a ``WorkerError`` naming its pid and signal (a
@@ -291,7 +313,7 @@ class WorkerCopies(BaseNode):
 
     def _refill(self, w: int) -> bool:
         """Take copy ``w``'s next chunk; False when the copy has ended."""
-        msg = self._get(w)
+        msg = self._get(w, self.timeout, stall=True)
         kind = msg[1]
         if kind == ERR:
             self._raise(w, msg[2])
