@@ -357,3 +357,54 @@ def test_a_bad_workers_timeout_is_a_spec_error(write_spec, bad: str) -> None:
     spec = write_spec(COPIES_SPEC.replace("mp_context: forkserver}", f"mp_context: forkserver, timeout: {bad}}}"))
     with pytest.raises(SpecErrors, match=r"workers: timeout must be a positive number of seconds"):
         check_spec(spec)
+
+
+MAP_TIMEOUT_SPEC = MAP_SPEC.replace("workers: 2, method: process}", "workers: 2, method: process, timeout: 2}")
+
+
+@pytest.mark.timeout(120)
+def test_a_map_worker_process_alive_but_silent_past_the_timeout_is_an_error_and_the_state_resumes(
+        write_spec) -> None:
+    spec = write_spec(MAP_TIMEOUT_SPEC)
+    loader = load_graph(spec)
+    pids: list[int] = []
+    try:
+        it = iter(loader)
+        before = [_batch(next(it)) for _ in range(3)]
+        state = loader.state_dict()
+        pids = loader.nodes["decode"].worker_pids()
+        assert len(pids) == 2, pids
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match=r"^node 'decode' \(map\) from .*spec.yaml:4: no result from its "
+                                              r"worker processes for 2 s \(timeout\): .*stopped"):
+            for _ in range(100):  # what was made before the stop may come first
+                next(it)
+        assert 2 <= time.monotonic() - t0 < 30
+    finally:
+        loader.close()
+    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p, 0)]
+    resumed = load_graph(spec)
+    try:
+        resumed.load_state_dict(state)
+        rest = [_batch(b) for b in resumed]
+    finally:
+        resumed.close()
+    plain = spec.with_name("plain.yaml")
+    plain.write_text(spec.read_text().replace(", workers: 2, method: process, timeout: 2", ""))
+    with load_graph(plain) as whole:
+        assert before + rest == [_batch(b) for b in whole]
+
+
+@pytest.mark.parametrize("params, message", [
+    ("workers: 2, method: process, timeout: 0", "expected a positive number of seconds"),
+    ("workers: 2, method: thread, timeout: 5", "it needs method: process and workers >= 1"),
+    ("timeout: 5", "it needs method: process and workers >= 1"),
+])
+def test_a_map_timeout_without_worker_processes_or_not_positive_is_a_spec_error(write_spec, params, message) -> None:
+    from conveyor import SpecErrors, check_spec
+
+    spec = write_spec(MAP_SPEC.replace("workers: 2, method: process}", params + "}"))
+    with pytest.raises(SpecErrors, match=message) as err:
+        check_spec(spec)
+    assert any(e.param == "timeout" and e.node == "decode" for e in err.value.errors)

@@ -40,6 +40,8 @@ class MapParams:
     snapshot_every: int = param(16, min=1, doc="input state taken every N items (restore re-reads <= N)")
     batch: int | None = param(None, min=1, doc="items per call: fn takes a list and returns a list "
                                                "(cheap items, batch tokenizers)")
+    timeout: float | None = param(None, doc="with method: process, seconds to wait for a result before a "
+                                           "WorkerError naming the workers (DataLoader's timeout); null: no limit")
 
 
 def _map_fn(p: MapParams | FilterParams) -> Any:
@@ -69,11 +71,11 @@ def _build_map(p: MapParams, inputs: list[BaseNode], ctx: BuildContext) -> BaseN
         return MapBatches(inputs[0], fn=_map_fn(p), size=p.batch, args=p.args, workers=p.workers,
                           method=p.method.value, on_error=p.on_error.value, where=ctx.where,
                           seed=ctx.seed_for(p.seed), rank=ctx.rank, mp_context=p.mp_context,
-                          snapshot_every=p.snapshot_every, ordered=p.ordered)
+                          snapshot_every=p.snapshot_every, ordered=p.ordered, timeout=p.timeout)
     return Map(inputs[0], fn=_map_fn(p), args=p.args, workers=p.workers, method=p.method.value,
                on_error=p.on_error.value, seed=ctx.seed_for(p.seed), rank=ctx.rank, where=ctx.where,
                mp_context=p.mp_context, snapshot_every=p.snapshot_every, ordered=p.ordered,
-               slab=ctx.slab)
+               slab=ctx.slab, timeout=p.timeout)
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,13 @@ def _graph_check_map(graph: SpecGraph, name: str) -> list[Problem]:
         problems.append(Problem(name, f"expected one of {'|'.join(start_methods())} (the start methods of this "
                                       f"platform), got {p.mp_context!r}" + did_you_mean(p.mp_context, start_methods()),
                                 ("mp_context",), "mp_context"))
+    if p.timeout is not None and (not p.timeout > 0 or p.timeout == float("inf")):
+        problems.append(Problem(name, f"expected a positive number of seconds (or null: no limit), got {p.timeout!r}",
+                                ("timeout",), "timeout"))
+    elif p.timeout is not None and (p.method.value != "process" or p.workers == 0):
+        problems.append(Problem(name, "timeout bounds the wait for worker processes: it needs method: process "
+                                      "and workers >= 1 (a thread stuck in fn cannot be stopped; the watchdog "
+                                      "names it)", ("timeout",), "timeout"))
     if p.method.value == "process" and p.workers > 0:
         try:
             pickle.dumps(resolve_fn(p.fn))
@@ -171,7 +180,7 @@ MAP = OpSpec("map", MapParams, _build_map, "one", "fn over items, in order, in t
              "elastic (not with ordered: false)", _check_map, elastic=_elastic_map,
              length=count_unless_skipping, unknown_length="skips the items that fail (on_error: skip)",
              keeps_count="unless_skipping", per_record=_per_record, writes_rows=True,
-             safe_params=frozenset({"workers", "method", "mp_context", "snapshot_every"}),
+             safe_params=frozenset({"workers", "method", "mp_context", "snapshot_every", "timeout"}),
              safe_change=_map_safe_change, graph_check=_graph_check_map,
              items_in='any items', items_out='what fn returns for each',
              example='decode: {op: map, fn: conveyor.image:train_transform, args: {size: 224}, workers: 4}')

@@ -83,6 +83,9 @@ class Map(BaseNode):
         slab: with ordered thread workers and an ``fn`` taking ``into``: give each item a row
             of an array of this many consecutive outputs to write into (the batch size of a
             ``batch`` + ``collate`` after this node: collate then copies nothing); 0: off.
+        timeout: with ``method="process"``: seconds ``next()`` may wait for a result (an epoch's
+            first too, while the workers start) before a ``WorkerError`` naming the node and its
+            workers, as ``DataLoader``'s ``timeout``; ``None``: no limit (the watchdog names them).
 
     Example:
         >>> from torchdata.nodes import IterableWrapper
@@ -100,8 +103,12 @@ class Map(BaseNode):
                  workers: int = 0, method: str = "thread", on_error: str = "raise", seed: int = 0,
                  rank: int = 0, where: str | None = None, mp_context: str | None = None,
                  max_concurrent: int | None = None, snapshot_every: int = 16, ordered: bool = True,
-                 slab: int = 0):
+                 slab: int = 0, timeout: float | None = None):
         super().__init__()
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout > 0):
+            raise ValueError(f"{timeout=} must be a positive number of seconds, or None (no limit)")
+        self.timeout = timeout
         if not isinstance(workers, int) or workers < 0:
             raise ValueError(f"{workers=} must be an int >= 0")
         if method not in METHODS:
@@ -141,7 +148,7 @@ class Map(BaseNode):
                                     prepare=slotted.prepare, slabs=slotted.slabs)
             return ThreadEngine(self.source, self.call, workers=self.workers, window=self.window,
                                 snapshot_every=self.snapshot_every, where=self.where)
-        return ProcessEngine(self.source, self.call, workers=self.workers, method=self.method,
+        return ProcessEngine(self.source, self.call, workers=self.workers, method=self.method, timeout=self.timeout,
                              ordered=self.ordered, mp_context=self.mp_context,
                              max_concurrent=self.max_concurrent, snapshot_every=self.snapshot_every,
                              where=self.where)

@@ -115,16 +115,21 @@ class DeathWatch:
         stopping: whether the workers were asked to leave (their exit is then no death).
         wake: called once, after ``error`` is set.
         what: the workers in words (``worker``, ``worker copy 1``).
+        stalled: called every ``POLL`` seconds where given: the ``WorkerError`` for workers
+            alive but too long silent (a map's ``timeout``), or None; the error is kept and
+            ``wake()`` called as for a death.
     """
 
     POLL = 0.5
 
-    def __init__(self, procs: Iterable[Any], *, where: str, stopping: Any, wake: Any, what: str = "worker"):
+    def __init__(self, procs: Iterable[Any], *, where: str, stopping: Any, wake: Any, what: str = "worker",
+                 stalled: Any = None):
         self.procs = list(procs)
         self.where = where
         self.what = what
         self.stopping = stopping
         self.wake = wake
+        self.stalled = stalled
         self.error: WorkerError | None = None
         self.thread = threading.Thread(target=self._run, name="conveyor-death-watch", daemon=True)
         self.thread.start()
@@ -140,6 +145,11 @@ class DeathWatch:
                     return
                 proc.join(timeout=1)  # reaped: its exit code is known
                 self.error = died(proc, self.where, self.what)
+                self.wake()
+                return
+            stall = self.stalled() if self.stalled is not None else None
+            if stall is not None and not self.stopping():
+                self.error = stall
                 self.wake()
                 return
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from multiprocessing.util import register_after_fork
 from typing import Any, Callable
 
 from torchdata.nodes import BaseNode, ParallelMapper
 
+from conveyor.errors import WorkerError
 from conveyor.nodes._workers.child_processes import DeathWatch, describe, end_processes
 from conveyor.nodes._workers.map_calls import Call
 from conveyor.nodes._workers.ordered_threads import OrderedThreads
@@ -141,7 +143,10 @@ class ProcessEngine:
     """
 
     def __init__(self, source: BaseNode, call: Call, *, workers: int, method: str, ordered: bool,
-                 mp_context: str | None, max_concurrent: int | None, snapshot_every: int, where: str):
+                 mp_context: str | None, max_concurrent: int | None, snapshot_every: int, where: str,
+                 timeout: float | None = None):
+        self.timeout = timeout  # seconds next() may wait for a result (processes): then a WorkerError
+        self._asked: float | None = None  # when the waiting next() asked (None: not waiting)
         self.source = source
         self.call = call
         self.workers = workers
@@ -201,15 +206,31 @@ class ProcessEngine:
                 mp_stop.set()
                 stop.set()
 
-            self._watch = DeathWatch(it._workers, where=self.where, stopping=mp_stop.is_set, wake=wake)
+            self._watch = DeathWatch(it._workers, where=self.where, stopping=mp_stop.is_set, wake=wake,
+                                     stalled=self._stalled if self.timeout is not None else None)
+
+    def _stalled(self) -> WorkerError | None:
+        """The error for a result awaited past ``timeout`` seconds (the DeathWatch asks)."""
+        asked = self._asked
+        if asked is None or time.monotonic() - asked < self.timeout:  # type: ignore[operator]
+            return None
+        procs = "; ".join(describe(p) for p in self.processes()) or "none running"
+        return WorkerError(f"{self.where}: no result from its worker processes for {self.timeout:g} s (timeout): "
+                           f"a fn stuck, or one item slower than that (raise timeout for such items); its "
+                           f"workers: {procs}. The loader's state from before is intact: a new loader "
+                           "resumes from it", node=self.where)
 
     def next(self) -> Any:
+        if self.timeout is not None:
+            self._asked = time.monotonic()
         try:
             return next(self.pm)
         except StopIteration:
             if self._watch is not None and self._watch.error is not None:
                 raise self._watch.error from None
             raise
+        finally:
+            self._asked = None
 
     def worker_pids(self) -> list[int]:
         """The pids of the running worker processes (none for threads)."""
