@@ -11,6 +11,7 @@ thread that dies takes the whole process with it, so there is nothing to test fo
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -70,11 +71,12 @@ def _batch(batch: list) -> list:
     return fingerprint([r["path"] for r in batch])
 
 
-def _killed_mid_epoch(spec: Path, node: str, pattern: str, taken: int = 3) -> None:
-    """Take ``taken`` batches and the state, kill worker 1 of ``node``, expect the error
-    ``pattern`` (``{pid}`` filled in), close, check no worker is left, then resume the state in
-    a fresh loader: it gives exactly the batches of an uninterrupted run after those (run
-    without workers: the same order, copies included, since they map one to one)."""
+def _killed_mid_epoch(spec: Path, node: str, pattern: str, taken: int = 3, stop: bool = False) -> None:
+    """Take ``taken`` batches and the state, kill worker 1 of ``node`` (``stop``: stop it with
+    SIGSTOP, alive and silent as a fn stuck in a read, for a spec whose ``timeout`` is 2 s),
+    expect the error ``pattern`` (``{pid}`` filled in), close, check no worker is left, then
+    resume the state in a fresh loader: it gives exactly the batches of an uninterrupted run
+    after those (run without workers: the same order, copies included, since they map one to one)."""
     loader = load_graph(spec)
     pids: list[int] = []
     try:
@@ -83,14 +85,21 @@ def _killed_mid_epoch(spec: Path, node: str, pattern: str, taken: int = 3) -> No
         state = loader.state_dict()
         pids = loader.nodes[node].worker_pids()
         assert len(pids) == 2, pids
-        _kill(pids[1])
+        if stop:
+            os.kill(pids[1], signal.SIGSTOP)
+        else:
+            _kill(pids[1])
+        t0 = time.monotonic()
         with pytest.raises(WorkerError, match=pattern.format(pid=pids[1])) as err:
             for _ in range(100):  # a few batches made before the death may come first
                 next(it)
-        assert (err.value.pid, err.value.exitcode) == (pids[1], -signal.SIGKILL)
+        if stop:
+            assert 2 <= time.monotonic() - t0 < 30  # the timeout, and a poll or two
+        else:
+            assert (err.value.pid, err.value.exitcode) == (pids[1], -signal.SIGKILL)
         assert isinstance(err.value, RuntimeError)  # caught where DataLoader's error would be
     finally:
-        loader.close()
+        loader.close()  # (a stopped worker is killed at once)
     assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p, 0)]  # nothing left running
     resumed = load_graph(spec)
     try:
@@ -99,8 +108,8 @@ def _killed_mid_epoch(spec: Path, node: str, pattern: str, taken: int = 3) -> No
     finally:
         resumed.close()
     plain = spec.with_name("plain.yaml")
-    plain.write_text("\n".join(line for line in spec.read_text().splitlines() if not line.startswith("workers:"))
-                     .replace(", workers: 2, method: process", ""))
+    plain.write_text(re.sub(r", workers: 2, method: process(, timeout: \d+)?", "", "\n".join(
+        line for line in spec.read_text().splitlines() if not line.startswith("workers:"))))
     whole = load_graph(plain)
     try:
         expected = [_batch(b) for b in whole]
@@ -318,36 +327,10 @@ output: parse
 @pytest.mark.timeout(120)
 def test_a_worker_copy_alive_but_silent_past_the_timeout_is_an_error_naming_it_and_the_state_resumes(
         write_spec) -> None:
-    # a stopped process (SIGSTOP: alive, sends nothing), as a fn stuck in a read would be;
     # without workers: timeout the merge waits for it for ever (the watchdog names it)
     spec = write_spec(COPIES_SPEC.replace("mp_context: forkserver}", "mp_context: forkserver, timeout: 2}"))
-    loader = load_graph(spec)
-    pids: list[int] = []
-    try:
-        it = iter(loader)
-        before = [_batch(next(it)) for _ in range(3)]
-        state = loader.state_dict()
-        pids = loader.nodes["parse"].worker_pids()
-        os.kill(pids[1], signal.SIGSTOP)
-        t0 = time.monotonic()
-        with pytest.raises(WorkerError, match=r"^worker copies up to node 'parse': worker copy 1 \(pid "
-                                              rf"{pids[1]}, .*\) sent nothing for 2 s \(workers: timeout\)") as err:
-            for _ in range(100):  # what copy 1 sent before it stopped may come first
-                next(it)
-        assert 2 <= time.monotonic() - t0 < 30 and err.value.pid == pids[1]
-    finally:
-        loader.close()  # a stopped worker is killed at once
-    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p, 0)]
-    resumed = load_graph(spec)
-    try:
-        resumed.load_state_dict(state)
-        rest = [_batch(b) for b in resumed]
-    finally:
-        resumed.close()
-    plain = spec.with_name("plain.yaml")
-    plain.write_text("\n".join(line for line in spec.read_text().splitlines() if not line.startswith("workers:")))
-    with load_graph(plain) as whole:
-        assert before + rest == [_batch(b) for b in whole]
+    _killed_mid_epoch(spec, "parse", r"^worker copies up to node 'parse': worker copy 1 \(pid {pid}, .*\) sent "
+                                     r"nothing for 2 s \(workers: timeout\)", stop=True)
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "true", "abc", ".nan"])
@@ -366,34 +349,8 @@ MAP_TIMEOUT_SPEC = MAP_SPEC.replace("workers: 2, method: process}", "workers: 2,
 def test_a_map_worker_process_alive_but_silent_past_the_timeout_is_an_error_and_the_state_resumes(
         write_spec) -> None:
     spec = write_spec(MAP_TIMEOUT_SPEC)
-    loader = load_graph(spec)
-    pids: list[int] = []
-    try:
-        it = iter(loader)
-        before = [_batch(next(it)) for _ in range(3)]
-        state = loader.state_dict()
-        pids = loader.nodes["decode"].worker_pids()
-        assert len(pids) == 2, pids
-        os.kill(pids[1], signal.SIGSTOP)
-        t0 = time.monotonic()
-        with pytest.raises(WorkerError, match=r"^node 'decode' \(map\) from .*spec.yaml:4: no result from its "
-                                              r"worker processes for 2 s \(timeout\): .*stopped"):
-            for _ in range(100):  # what was made before the stop may come first
-                next(it)
-        assert 2 <= time.monotonic() - t0 < 30
-    finally:
-        loader.close()
-    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p, 0)]
-    resumed = load_graph(spec)
-    try:
-        resumed.load_state_dict(state)
-        rest = [_batch(b) for b in resumed]
-    finally:
-        resumed.close()
-    plain = spec.with_name("plain.yaml")
-    plain.write_text(spec.read_text().replace(", workers: 2, method: process, timeout: 2", ""))
-    with load_graph(plain) as whole:
-        assert before + rest == [_batch(b) for b in whole]
+    _killed_mid_epoch(spec, "decode", r"^node 'decode' \(map\) from .*spec.yaml:4: no result from its worker "
+                                      r"processes for 2 s \(timeout\): .*pid {pid}, stopped", stop=True)
 
 
 @pytest.mark.parametrize("params, message", [
