@@ -24,6 +24,12 @@ NONE, ALL = -1, -2  # state "emitting": no pool, or the end-of-epoch flush of ev
 _INF = float("inf")
 
 
+def increasing_lengths(bounds: Any) -> bool:
+    """Whether ``bounds`` is a non-empty sequence of increasing positive ints (bucket boundaries)."""
+    return (bool(bounds) and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in bounds)
+            and all(a < b for a, b in zip(bounds, bounds[1:])))
+
+
 def check_args(*, length: str | Callable[[Any], int], boundaries: Sequence[int] | str,
                batch_sizes: Sequence[int] | None, max_tokens: int | None, pad_to_multiple_of: int | None,
                pool: int, overflow: str | None, empty: str, auto_buckets: int, auto_sample: int,
@@ -32,9 +38,7 @@ def check_args(*, length: str | Callable[[Any], int], boundaries: Sequence[int] 
     ``overflow`` rule, ``None`` resolved (``own_bucket`` with ``boundaries="auto"``, else ``raise``)."""
     auto = boundaries == "auto"
     if not auto:
-        if (isinstance(boundaries, str) or not boundaries
-                or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in boundaries)
-                or any(a >= b for a, b in zip(boundaries, boundaries[1:]))):
+        if isinstance(boundaries, str) or not increasing_lengths(boundaries):
             raise ValueError(f"{boundaries=} must be 'auto' or a non-empty list of increasing positive ints")
     overflow = overflow or ("own_bucket" if auto else "raise")
     if overflow not in OVERFLOW:

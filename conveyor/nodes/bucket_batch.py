@@ -71,8 +71,8 @@ from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError, StateError
 from conveyor.nodes._buckets import (ALL, DEFAULT_POOL, EMPTY, NONE, OVERFLOW, Batch, Pools,  # noqa: F401
-                                     auto_boundaries, check_args, cut_sorted, item_length, item_where,
-                                     pool_items, truncated)
+                                     auto_boundaries, check_args, cut_sorted, increasing_lengths, item_length,
+                                     item_where, pool_items, truncated)
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
 from conveyor.nodes.capabilities import take
@@ -297,7 +297,7 @@ class BucketBatch(BaseNode[list]):
         together (hand-edited or corrupt: resuming it would repeat or lose items, or fail deep
         inside with an IndexError), naming what does not fit."""
         bounds = state[self.BOUNDARIES_KEY]
-        if not bounds or any(a >= b for a, b in zip(bounds, bounds[1:])):
+        if not increasing_lengths(bounds):
             raise StateError(f"{self.where}: the state's boundaries {bounds} are not a non-empty list of "
                              "increasing lengths")
         n = len(bounds) + (self.overflow == "own_bucket")

@@ -42,7 +42,7 @@ from torchdata.nodes import BaseNode
 from conveyor.errors import WorkerError
 from conveyor.nodes._elastic import Cursor, compact
 from conveyor.nodes._skips import LEDGER_KEY, ledgers
-from conveyor.nodes._workers.child_processes import describe, died, end_processes, threads_instead
+from conveyor.nodes._workers.child_processes import check_timeout, describe, died, end_processes, threads_instead
 from conveyor.nodes._workers.chunk_packing import unpack
 from conveyor.nodes._workers.copy_worker import BASE_KEY, END, ERR, ITEMS, POLL, SKIP_KEY, run_worker
 from conveyor.nodes._workers.shared_slots import MAX_SLOTS, Borrower, available
@@ -104,9 +104,7 @@ class WorkerCopies(BaseNode):
                  where: str = "worker copies", address: str | None = None, timeout: float | None = None):
         super().__init__()
         self.where = where
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not timeout > 0):
-            raise ValueError(f"{timeout=} must be a positive number of seconds, or None (no limit)")
+        check_timeout(timeout)
         self.timeout = timeout
         if not isinstance(copies, int) or copies < 1:
             raise ValueError(f"{copies=} must be an int >= 1")

@@ -46,7 +46,7 @@ from torchdata.nodes import BaseNode
 from conveyor.nodes._elastic import Cursor
 from conveyor.nodes._skips import LEDGER_KEY, OnError
 from conveyor.nodes._workers.batch_slabs import Slabs
-from conveyor.nodes._workers.child_processes import threads_instead
+from conveyor.nodes._workers.child_processes import check_timeout, threads_instead
 from conveyor.nodes._workers.map_calls import Call, Enumerate, Failed, Slotted
 from conveyor.nodes._workers.map_engines import SKIP_KEY, SOURCE_KEY, InlineEngine, ProcessEngine, ThreadEngine
 from conveyor.nodes._workers.torchdata_threads import CarryErrors, Raised, Untravelled
@@ -105,9 +105,7 @@ class Map(BaseNode):
                  max_concurrent: int | None = None, snapshot_every: int = 16, ordered: bool = True,
                  slab: int = 0, timeout: float | None = None):
         super().__init__()
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not timeout > 0):
-            raise ValueError(f"{timeout=} must be a positive number of seconds, or None (no limit)")
+        check_timeout(timeout)
         self.timeout = timeout
         if not isinstance(workers, int) or workers < 0:
             raise ValueError(f"{workers=} must be an int >= 0")

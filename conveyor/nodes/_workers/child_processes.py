@@ -154,6 +154,14 @@ class DeathWatch:
                 return
 
 
+def check_timeout(timeout: Any) -> None:
+    """Refuse a worker ``timeout`` (seconds a worker may stay silent) that is not a positive
+    number or None (no limit): a ``ValueError`` showing the value."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout > 0):
+        raise ValueError(f"{timeout=} must be a positive number of seconds, or None (no limit)")
+
+
 _said: set[str] = set()
 
 
