@@ -11,6 +11,8 @@ Hugging Face ``tokenizers`` import with its checks on special tokens and dtypes.
 from __future__ import annotations
 
 import itertools
+from itertools import repeat
+from operator import contains
 from typing import Any
 
 import numpy as np
@@ -157,6 +159,36 @@ def _byte_batch(items: list, field: str, max_length: int | None, bos: int | None
     """``byte_tokenize`` of a list: every text's bytes in one buffer of ``dtype``, a view each."""
     buf, lengths = _byte_buffer(items, field, max_length, bos, eos, dtype)
     return _outs(items, _views(buf, lengths))
+
+
+def carried(items: list) -> tuple[str, ...] | None:
+    """The keys the records of ``items`` copy from them, after ``input_ids`` (``IdsBlock.carried``):
+    those of the first item, where every item is a dict and none has one the first lacks; an
+    item without one of them gets another record (whoever reads the keys from the items finds
+    it missing). None where that is not so: the records then say.
+
+    Example:
+        >>> carried([{"text": "a", "index": 0, "file": "f", "line": 1}]), carried([{"index": 0}, {"label": 1}])
+        (('index', 'file', 'line'), None)
+    """
+    if not items or type(items[0]) is not dict:
+        return None
+    first = items[0]
+    keys = tuple(k for k in CARRIED if k in first)
+    if "line" not in first:
+        keys += (ROW,) if ROW in first else ()
+        others: tuple[str, ...] = tuple(k for k in CARRIED + (ROW,) if k not in keys)
+    else:
+        others = tuple(k for k in CARRIED if k not in keys)  # (a row is not carried beside a line)
+    if not _DICT.issuperset(map(type, items)):  # (_outs copies keys of other mappings only at times)
+        return None
+    for key in others:
+        if any(map(contains, items, repeat(key))):
+            return None
+    return keys
+
+
+_DICT = frozenset({dict})
 
 
 def _block_records(items: list, buf: np.ndarray, lengths: np.ndarray) -> list[dict[str, Any]]:

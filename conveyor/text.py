@@ -52,7 +52,7 @@ import torch
 
 from conveyor._id_blocks import IdsBlock
 from conveyor._text_ids import (CARRIED, ID_DTYPES, ROW, _assemble, _byte_batch, _byte_buffer, _byte_dtype,  # noqa: F401
-                                _block_records, _check_max_length, _check_unicode, _hf_dtype, _hf_specials, _out,
+                                _block_records, _check_max_length, carried, _check_unicode, _hf_dtype, _hf_specials, _out,
                                 _outs, _text, _tokenizers, _utf8, _views, _vocab_ids, _where, ids_dtype)
 from conveyor.errors import SampleError, check_message
 
@@ -278,7 +278,7 @@ def _hf_columns(items: list, *, tokenizer: str, field: str = "text", max_length:
     if type(items) is not list:
         raise TypeError(f"hf_tokenize's columns take a list, got {type(items).__name__}")
     buf, lengths = _hf_buffer(items, field, tok, add_special_tokens, dt)
-    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _block_records)
+    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _block_records, carried=carried(items))
 
 
 
@@ -387,7 +387,7 @@ def _byte_columns(items: list, *, field: str = "text", max_length: int | None = 
         raise TypeError(f"byte_tokenize's columns take a list, got {type(items).__name__}")
     buf, lengths = _byte_buffer(items, field, max_length, bos_id if add_bos else None, eos_id if add_eos else None,
                                 dt)
-    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _block_records)
+    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _block_records, carried=carried(items))
 
 
 byte_tokenize.columns = _byte_columns  # type: ignore[attr-defined]  # (_id_blocks.py)
