@@ -137,6 +137,7 @@ class Counted(BaseNode):
         many = getattr(inner, "next_many", None)  # items in lists (nodes/capabilities.py)
         self._many: Callable[[int], list] = many if many is not None else partial(pull, self._direct)
         self._ids_ready = getattr(inner, "ids_ready", None)  # ids in one block (nodes/capabilities.py)
+        self._rows_ready = getattr(inner, "rows_ready", None)  # batches of rows (nodes/capabilities.py)
         self._n = 0
         self.items_before = 0  # items of the epochs before this one (for a lifetime count)
         self.seconds = 0.0
@@ -283,6 +284,25 @@ class Counted(BaseNode):
             return block
         finally:
             self._many = many
+
+    def rows_ready(self) -> bool:
+        """Whether the inner node may give its next batch as rows (``RowsAtOnce``); never while
+        a watcher or a profiler wants every item."""
+        ready = self._rows_ready
+        return (ready is not None and self._hook is None
+                and not (_profiler._is_profiler_enabled and self.range_name is not None) and ready())
+
+    def next_rows(self) -> Any:
+        """The inner node's ``next_rows()``, counted and timed as ``next()``."""
+        direct, self._direct = self._direct, self.inner.next_rows
+        try:
+            if self._timed:
+                return self._measured()
+            item = self._direct()
+            self._n += 1
+            return item
+        finally:
+            self._direct = direct
 
     def _profiled(self) -> Any:
         """A call inside a profiler range named after the node (while a profiler records)."""

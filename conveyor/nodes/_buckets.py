@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from conveyor._id_blocks import IdsRows
 from conveyor.errors import SampleError
 
 OVERFLOW = ("raise", "skip", "truncate", "own_bucket")
@@ -217,12 +218,20 @@ def _by_length(lens: list[int]) -> list[int]:
 
 
 class Batch:
-    """A batch cut from a pool: its bucket, items, longest length and real tokens."""
+    """A batch cut from a pool: its bucket, items, longest length and real tokens; for a pool
+    of a block's rows (``Pools.ids``), each item's ids, their lengths and the rows' kind
+    (``IdsRows``: the records are made when the batch is emitted)."""
 
-    __slots__ = ("bucket", "items", "longest", "real")
+    __slots__ = ("bucket", "items", "longest", "real", "ids", "lens", "kind")
 
-    def __init__(self, bucket: int, items: list, longest: int, real: int):
+    def __init__(self, bucket: int, items: list, longest: int, real: int, ids: list | None = None,
+                 lens: list[int] | None = None, kind: tuple | None = None):
         self.bucket, self.items, self.longest, self.real = bucket, items, longest, real
+        self.ids, self.lens, self.kind = ids, lens, kind
+
+    def rows(self) -> IdsRows:
+        """The batch of rows (``ids`` not None)."""
+        return IdsRows(self.items, self.ids, self.lens, self.kind)  # type: ignore[arg-type]
 
 
 class Pools:
@@ -234,7 +243,10 @@ class Pools:
     a full collection, ~80 ms with torch loaded, every ~60 text.yaml epochs); ``first[b]`` the
     input position of its first item (``_INF``: none); ``tokens[b]`` their weight (items, or
     tokens under a budget); ``read[b]``/``done[b]`` the bucket's items read this epoch and
-    emitted of them; ``oldest`` the input position of the oldest pooled item. A cut (``cut``)
+    emitted of them; ``oldest`` the input position of the oldest pooled item. ``ids[b]``: None
+    where the pool holds records; a list side by side with ``items[b]`` where it holds the
+    items of ``IdsBlock`` rows of one kind (``kinds[b]``), each item's ids (``to_records``
+    makes them records, for a record joining them). A cut (``cut``)
     is emitted from ``out[out_pos]``: ``emitting`` is its bucket (``ALL``: every pool,
     ``NONE``: no cut), ``emit_first`` its oldest position, ``cut_count`` the pools cut so far.
     ``bucket_batch``'s docstring says how these make its state.
@@ -243,6 +255,8 @@ class Pools:
     def __init__(self, buckets: int):
         self.items: list[list[Any]] = [[] for _ in range(buckets)]
         self.lens: list[list[int]] = [[] for _ in range(buckets)]
+        self.ids: list[list | None] = [None] * buckets
+        self.kinds: list[tuple | None] = [None] * buckets
         self.first: list[float] = [_INF] * buckets
         self.tokens = [0] * buckets
         self.read = [0] * buckets
@@ -255,23 +269,31 @@ class Pools:
         self.emit_counts: dict[int, int] = {}
         self.cut_count = 0
 
-    def cut(self, which: int, counter: int, split: Callable[[int, list, list, bool], list[Batch]],
-            seed: int | None) -> None:
+    def to_records(self, b: int) -> None:
+        """Bucket ``b``'s pool as records (its rows' records made now), for a record to join it."""
+        ids = self.ids[b]
+        if ids is None:
+            return
+        if ids:
+            self.items[b] = IdsRows(self.items[b], ids, self.lens[b], self.kinds[b]).records()  # type: ignore[arg-type]
+        self.ids[b] = self.kinds[b] = None
+
+    def cut(self, which: int, counter: int, split: Callable[..., list[Batch]], seed: int | None) -> None:
         """Sort and cut bucket ``which``'s pool (or every pool) into batches with ``split(b,
-        lengths, items, final)`` (sorted by length), shuffled by ``seed`` (None: shortest
-        first); ``counter``: this cut's."""
+        lengths, items, final, ids, kind)`` (sorted by length; ``ids``: the rows' ids, or None
+        for records), shuffled by ``seed`` (None: shortest first); ``counter``: this cut's."""
         buckets = [i for i, p in enumerate(self.items) if p] if which == ALL else [which]
         batches: list[Batch] = []
         self.emit_counts = {}
         for b in buckets:
-            items, lens, first = self.items[b], self.lens[b], self.first[b]
-            self.items[b], self.lens[b], self.first[b] = [], [], _INF
+            items, lens, first, ids, kind = self.items[b], self.lens[b], self.first[b], self.ids[b], self.kinds[b]
+            self.items[b], self.lens[b], self.first[b], self.ids[b], self.kinds[b] = [], [], _INF, None, None
             self.tokens[b] = 0
             self.emit_first = min(self.emit_first, first)
             self.emit_counts[b] = len(items)
             order = _by_length(lens)
             batches.extend(split(b, list(map(lens.__getitem__, order)), list(map(items.__getitem__, order)),
-                                 which == ALL))
+                                 which == ALL, list(map(ids.__getitem__, order)) if ids else None, kind))
         self.oldest = min(self.first)
         self.emitting = which
         self.cut_count = counter + 1

@@ -55,6 +55,14 @@ items behind the read position is flushed early, partially full (counted in
 ``stats()["forced_flushes"]``), so a rare bucket never pins the state to the epoch's start;
 a restore re-reads at most about ``max_pending * 9 / 8`` input items (and re-runs the input's
 per-item work, such as tokenizing, for them).
+
+Where the input is a batch tokenizer's inline ``map`` (``byte_tokenize``, ``hf_tokenize`` with
+``batch``) and ``length`` is its ids' field, a chunk comes as one ``IdsBlock`` of ids, and the
+pools hold its items with each one's ids (``Pools.ids``), not a record each; a batch of them
+goes out as its records (``next``: made then), or, to a ``pad_collate`` that pads from the
+buffers, as ``IdsRows`` (``next_rows``, nodes/capabilities.py). A record that joins such a pool
+(a truncated or replayed one) turns the pool into records. The batches and states are the
+same either way (tests/test_text_rows.py).
 """
 
 from __future__ import annotations
@@ -69,13 +77,14 @@ import numpy as np
 import torch
 from torchdata.nodes import BaseNode
 
+from conveyor._id_blocks import IdsRows
 from conveyor.errors import SampleError, StateError
 from conveyor.nodes._buckets import (ALL, DEFAULT_POOL, EMPTY, NONE, OVERFLOW, Batch, Pools,  # noqa: F401
                                      auto_boundaries, check_args, cut_sorted, increasing_lengths, item_length,
                                      item_where, pool_items, truncated)
 from conveyor.nodes._rng import derive_seed
 from conveyor.nodes._skips import LEDGER_KEY, SkipLedger, log_skip, sample_id
-from conveyor.nodes.capabilities import take
+from conveyor.nodes.capabilities import take, take_ids
 from conveyor.nodes.state_shape import Child, Fields, Int, LEDGER_SHAPE, ListOf
 
 log = logging.getLogger(__name__)
@@ -243,6 +252,9 @@ class BucketBatch(BaseNode[list]):
         self._lens: list[int] | None = None  # the chunk's lengths and buckets (_sized)
         self._bks: list[int] | None = None
         self._arrays: tuple[np.ndarray, np.ndarray] | None = None  # the same as arrays, for _bulk
+        self._block: Any = None  # the IdsBlock the chunk is the items of (None: records), its
+        self._row_ids: list | None = None  # rows' ids and kind (_take_chunk)
+        self._kind: tuple | None = None
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
@@ -387,6 +399,8 @@ class BucketBatch(BaseNode[list]):
         read[b] = ordinal + 1
         if ordinal < p.done[b]:
             return b  # emitted before the state was saved (only while replaying)
+        if p.ids[b] is not None:  # a pool of rows: records from now on
+            p.to_records(b)
         pool = p.items[b]
         if not pool:
             p.first[b] = pos
@@ -438,10 +452,10 @@ class BucketBatch(BaseNode[list]):
                 snap = self._chunk_snap = _Snap(self._pos, source.state_dict(), list(p.read))
                 if snap.pos - self._snaps[-1].pos >= snap_every:
                     self._snaps.append(snap)
-                self._pending, self._pi = pending, pi = take(source, self._chunk), 0
-                self._lens, self._bks, self._arrays = self._sized(pending)
+                self._pending, self._pi = pending, pi = self._take_chunk(), 0
             lens, bks = self._lens, self._bks
             end = len(pending)
+            got = None
             if self._arrays is not None and not self._replaying:
                 got = self._bulk(pending, pi)
                 if got == _ADDED:
@@ -451,6 +465,12 @@ class BucketBatch(BaseNode[list]):
                 elif got is not None:
                     self._end_fill(got)
                     return
+            if self._block is not None:  # the items below take records: that one, or the rest
+                if got == _ONE:
+                    pending[pi] = self._row_records(pi, pi + 1)[0]
+                else:
+                    pending[pi:] = self._row_records(pi, len(pending))
+                    self._block = self._row_ids = None
             if lens is None or self._replaying:  # item by item
                 item = pending[pi]
                 pending[pi] = None
@@ -482,6 +502,8 @@ class BucketBatch(BaseNode[list]):
                         ordinal = read[b]
                         read[b] = ordinal + 1
                         if ordinal >= done[b]:
+                            if p.ids[b] is not None:  # a pool of rows: records from now on
+                                p.to_records(b)
                             pool = pools[b]
                             if not pool:
                                 first[b] = pos
@@ -504,6 +526,32 @@ class BucketBatch(BaseNode[list]):
                 continue
             self._end_fill(b)
             return
+
+    def _take_chunk(self) -> list:
+        """The next chunk of input items, with their lengths and buckets (``_sized``). Where the
+        input gives its records as one block of ids (``take_ids``: a batch tokenizer's map, for
+        this node's ``length`` field), the chunk is the block's items, and the pools take them
+        with their ids as rows (``Pools.ids``), the records made only as a batch goes out, or
+        never (``next_rows``)."""
+        block = take_ids(self.source, self._chunk) if self._field is not None else None
+        self._block = self._row_ids = None
+        if block is not None and len(block) and block.field == self._field:  # (any length: _bulk takes it)
+            lengths = np.asarray(block.lengths, dtype=np.int64)
+            bks = np.searchsorted(self._bounds_array, lengths)  # side="left": bisect_left's bucket
+            self._block, self._row_ids, self._kind = block, block.row_ids(), block.kind()
+            self._lens, self._bks, self._arrays = lengths.tolist(), bks.tolist(), (lengths, bks)
+            return block.items
+        if block is None or not len(block):  # (empty: its fn took a list as records, which take gives)
+            chunk = take(self.source, self._chunk)
+        else:
+            chunk = block.records()
+        self._lens, self._bks, self._arrays = self._sized(chunk)
+        return chunk
+
+    def _row_records(self, lo: int, hi: int) -> list:
+        """The records of the chunk's rows ``lo`` to ``hi`` (a block's)."""
+        return IdsRows(self._block.items[lo:hi], self._row_ids[lo:hi], self._lens[lo:hi],  # type: ignore[index]
+                       self._kind).records()  # type: ignore[arg-type]
 
     def _end_fill(self, b: int) -> None:
         """A fill ends: bucket ``b``'s pool is cut (-1: the oldest pool, forced), and the position
@@ -600,7 +648,10 @@ class BucketBatch(BaseNode[list]):
         lens_c, items_c = self._lens[pi:pi + c], pending[pi:pi + c]  # type: ignore[index]
         pending[pi:pi + c] = repeat(None, c)
         idx = order.tolist()
-        pools, tokens, j = p.items, p.tokens, 0
+        pools, tokens, pool_ids, j = p.items, p.tokens, p.ids, 0
+        rows = self._block is not None
+        if rows:
+            ids_c, kind = self._row_ids[pi:pi + c], self._kind  # type: ignore[index]
         for b, k in enumerate(counts.tolist()):
             if not k:
                 continue
@@ -612,7 +663,20 @@ class BucketBatch(BaseNode[list]):
                 p.first[b] = start
                 if start < p.oldest:
                     p.oldest = start
-            pool.extend(map(items_c.__getitem__, mine))
+                pool_ids[b], p.kinds[b] = ([], kind) if rows else (None, None)
+            if not rows:
+                if pool_ids[b] is not None:  # records join a pool of rows
+                    p.to_records(b)
+                    pool = pools[b]
+                pool.extend(map(items_c.__getitem__, mine))
+            elif pool_ids[b] is not None and p.kinds[b] == kind:
+                pool.extend(map(items_c.__getitem__, mine))
+                pool_ids[b].extend(map(ids_c.__getitem__, mine))  # type: ignore[union-attr]
+            else:  # rows join a pool of records, or of rows of another kind: as records
+                p.to_records(b)
+                pool = pools[b]
+                pool.extend(IdsRows(list(map(items_c.__getitem__, mine)), list(map(ids_c.__getitem__, mine)),
+                                    list(map(lens_c.__getitem__, mine)), kind).records())
             p.lens[b].extend(map(lens_c.__getitem__, mine))  # type: ignore[union-attr]
             read[b] += k
             tokens[b] += int(sums[b]) if sums is not None else k
@@ -626,16 +690,19 @@ class BucketBatch(BaseNode[list]):
         return _ADDED
 
     # ----- cutting and emitting -----------------------------------------------------------
-    def _split(self, b: int, lens: list[int], items: list, final: bool) -> list[Batch]:
+    def _split(self, b: int, lens: list[int], items: list, final: bool, ids: list | None = None,
+               kind: tuple | None = None) -> list[Batch]:
         """Cut one bucket's items, sorted by their lengths ``lens``, into batches (the last
-        dropped if partial and asked)."""
+        dropped if partial and asked); ``ids``, for rows: their ids, in the same order."""
         size = self.batch_sizes[b] if self.batch_sizes is not None else None
         cuts, partial = cut_sorted(lens, size=size, budget=self.max_tokens, multiple=self.multiple)
         if final and self.drop_remainder and partial:
             s, e = cuts.pop()
             if not self._replaying:
                 self._stats["dropped"] += e - s
-        return [Batch(b, items[s:e], lens[e - 1], sum(lens[s:e])) for s, e in cuts]
+        if ids is None:
+            return [Batch(b, items[s:e], lens[e - 1], sum(lens[s:e])) for s, e in cuts]
+        return [Batch(b, items[s:e], lens[e - 1], sum(lens[s:e]), ids[s:e], lens[s:e], kind) for s, e in cuts]
 
     def _cut(self, which: int, counter: int) -> None:
         """Cut bucket ``which``'s pool (or, with ``ALL``, every pool at the epoch's end) into
@@ -651,6 +718,21 @@ class BucketBatch(BaseNode[list]):
         self._prune()
 
     def next(self) -> list:
+        batch = self._emit()
+        return batch.items if batch.ids is None else batch.rows().records()
+
+    def rows_ready(self) -> bool:
+        """Whether ``next_rows`` may give rows (``RowsAtOnce``): this node takes a field's length."""
+        return self._field is not None
+
+    def next_rows(self) -> list | IdsRows:
+        """The next batch as ``IdsRows`` where it is one of a block's rows (``_take_chunk``), else
+        its records: the same batch as ``next``, for a consumer that pads ids from their buffers
+        (``pad_collate``); the state moves as ``next``'s."""
+        batch = self._emit()
+        return batch.items if batch.ids is None else batch.rows()
+
+    def _emit(self) -> Batch:
         p = self._p
         while p.out_pos >= len(p.out):
             if not self._exhausted:
@@ -675,4 +757,4 @@ class BucketBatch(BaseNode[list]):
             s["oversize"] += 1
         if p.out_pos == len(p.out):
             self._consume()
-        return batch.items
+        return batch

@@ -15,6 +15,7 @@ protocol       member                                          asked by
 ``Counts``     ``count() -> int | None``: items this epoch     ``len(loader)``, ``shard``
 ``ManyAtOnce`` ``next_many(n) -> list`` (see ``take``)         nodes that pull many items
 ``IdsAtOnce``  ``next_ids(n)``, ``ids_ready()``                nodes that take ids in bulk
+``RowsAtOnce`` ``next_rows()``, ``rows_ready()``              nodes that pad ids in bulk
 ``Watched``    ``waiting_on() -> str | None``                  the watchdog
 ``Lingers``    ``lingering() -> list[Thread]``                 ``Loader.close()`` joins them
 ``Elastic``    ``elastic_input(cursor, **params) -> Cursor``   elastic resume (``graphs/elastic``)
@@ -39,6 +40,12 @@ may give up to ``n`` of them as one ``IdsBlock`` (every record's ids in one buff
 made only if asked: ``conveyor/_id_blocks.py``), where ``ids_ready()`` says it can now; the
 same items as ``next_many``, its state afterwards the same. A node that takes ids in bulk
 (``pack_tokens``) asks with ``take_ids`` and takes the records with ``take`` otherwise.
+
+``next_rows()``: a node whose items are batches (lists) of such records (``bucket_batch``) may
+give the next one as ``IdsRows`` (the records' items and each one's ids, the records made only
+if asked: ``conveyor/_id_blocks.py``) where ``rows_ready()`` says it may, and the records
+otherwise: the same batch as ``next()``, its state afterwards the same. ``pad_collate`` asks
+with ``take_rows``.
 """
 
 from __future__ import annotations
@@ -89,6 +96,12 @@ class ManyAtOnce(Protocol):
 class IdsAtOnce(Protocol):
     def ids_ready(self) -> bool: ...
     def next_ids(self, n: int) -> Any: ...
+
+
+@runtime_checkable
+class RowsAtOnce(Protocol):
+    def rows_ready(self) -> bool: ...
+    def next_rows(self) -> Any: ...
 
 
 @runtime_checkable
@@ -210,6 +223,15 @@ def take_ids(source: Any, n: int) -> Any:
     if has(source, IdsAtOnce) and source.ids_ready():
         return source.next_ids(n)
     return None
+
+
+def take_rows(source: Any) -> Any:
+    """The next batch of ``source``: as ``IdsRows`` (``conveyor/_id_blocks.py``) where it gives
+    it so (``RowsAtOnce``: a bucket_batch whose pool holds a block's rows), else as ``next``
+    gives it. ``StopIteration`` if it has none."""
+    if has(source, RowsAtOnce) and source.rows_ready():
+        return source.next_rows()
+    return next(source)
 
 
 def take_exactly(source: Any, n: int) -> list:

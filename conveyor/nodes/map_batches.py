@@ -179,6 +179,7 @@ class MapBatches(BaseNode):
         self.ledger = self.errors.ledger
         self._out: list = []
         self._pos = 0
+        self._rest: IdsBlock | None = None  # the list's results after _pos as a block (next_ids), not made yet
         self._before: dict | None = None  # the inner map's state before the current list
 
     @property
@@ -201,7 +202,7 @@ class MapBatches(BaseNode):
 
     def reset(self, initial_state: dict | None = None) -> None:
         super().reset(initial_state)
-        self._out, self._pos = [], 0
+        self._out, self._pos, self._rest = [], 0, None
         if initial_state is None:
             self.errors.skipped = 0
             self._map.reset()
@@ -227,7 +228,14 @@ class MapBatches(BaseNode):
             for i in range(emitted):
                 out[i] = None
 
+    def _made(self) -> None:
+        """The results left in a block (``next_ids`` took fewer than a list) made records."""
+        self._out[self._pos:] = self._rest.records()  # type: ignore[union-attr]
+        self._rest = None
+
     def next(self) -> Any:
+        if self._rest is not None:
+            self._made()
         while True:
             pos = self._pos
             out = self._out
@@ -244,6 +252,8 @@ class MapBatches(BaseNode):
 
     def next_many(self, n: int) -> list:
         """Up to ``n`` results, from one list at most (nodes/capabilities.py)."""
+        if self._rest is not None:
+            self._made()
         if self._pos >= len(self._out):
             first = [self.next()]  # the next list (StopIteration ends the stream)
             if n == 1:
@@ -259,14 +269,21 @@ class MapBatches(BaseNode):
 
     def ids_ready(self) -> bool:
         """Whether ``next_ids`` can give a block now: ``fn`` offers one (``columns``), it runs
-        inline, and no result of a list is left to emit."""
-        return self._columns and self._pos >= len(self._out)
+        inline, and no result of a list is left to emit but in a block."""
+        return self._columns and (self._pos >= len(self._out) or self._rest is not None)
 
     def next_ids(self, n: int) -> IdsBlock:
         """Up to ``n`` results of the next list as one ``IdsBlock`` (nodes/capabilities.py), where
-        ``ids_ready``; the rest of the list is left to ``next``, as records. Where ``fn`` refuses
+        ``ids_ready``; the rest of the list is kept as a block, for the next ``next_ids`` (or made
+        records by ``next`` and ``next_many``, which take them). Where ``fn`` refuses
         the list (a bad item among them), an empty block, and the list's results are left to
         ``next`` and ``next_many``, as always. The state moves as ``next_many``'s would."""
+        if self._rest is not None:  # the rest of a list a call before took part of
+            got, self._rest = self._rest, None
+            if n < len(got):
+                got, self._rest = got.split(n)
+            self._pos += len(got)
+            return got
         before = self._map.state_dict()
         self._call.block = True
         try:
@@ -276,11 +293,10 @@ class MapBatches(BaseNode):
         if type(got) is not IdsBlock:
             self._before, self._out, self._pos = before, got, 0
             return _NO_IDS
-        rest: list = []
+        self._before, self._out, self._pos = before, [None] * len(got), len(got)
         if n < len(got):
-            got, more = got.split(n)
-            rest = more.records()
-        self._before, self._out, self._pos = before, [None] * len(got) + rest, len(got)
+            got, self._rest = got.split(n)
+            self._pos = len(got)
         return got
 
     def get_state(self) -> dict:
