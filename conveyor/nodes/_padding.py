@@ -165,8 +165,7 @@ def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side:
     dims, non-numeric arrays, other types among the arrays, a ``dtype`` numpy lacks), which the
     tensor path then handles or refuses."""
     given = values[0].dtype
-    out_dtype = given if dtype is None else _NUMPY.get(dtype)
-    if given.kind not in "biuf" or out_dtype is None:
+    if given.kind not in "biuf" or (dtype is not None and _NUMPY.get(dtype) is None):
         return None
     try:
         counts = list(map(len, values))  # (a 0-d array has no len: the tensor path refuses it)
@@ -174,6 +173,17 @@ def _pad_arrays(values: Sequence[np.ndarray], name: Any, pad_value: float, side:
     except (ValueError, TypeError, IndexError, AttributeError, RuntimeError):
         return None
     if flat.dtype != given:  # mixed dtypes: torch's promotion rules (the tensor path) decide
+        return None
+    return pad_flat(flat, counts, name, pad_value, side, multiple, dtype)
+
+
+def pad_flat(flat: np.ndarray, counts: list[int], name: Any, pad_value: float, side: str,
+             multiple: int | None, dtype: torch.dtype | None,
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int] | None:
+    """``_pad_arrays`` of rows given joined (``flat``: numbers, every row's one after another)
+    with their ``counts``; None where ``flat`` is not numbers or ``dtype`` is one numpy lacks."""
+    out_dtype = flat.dtype if dtype is None else _NUMPY.get(dtype)
+    if flat.dtype.kind not in "biuf" or out_dtype is None:
         return None
     longest = max(counts)
     if multiple and longest % multiple:

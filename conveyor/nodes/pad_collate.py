@@ -21,7 +21,10 @@ Hugging Face models expect):
 * bare sequences: ``(padded, lengths, attention_mask)``.
 
 ``fields=None`` pads every field whose value in the first sample is a 1-D tensor or a list of
-numbers. The node counts real and padded tokens (``stats()``: ``real_tokens``,
+numbers. A ``bucket_batch`` of a batch tokenizer's blocks hands its batches over as rows
+(``IdsRows``: the items and each one's ids) where ``fields`` is that one field: ``pad_rows``
+pads them from the ids' buffers and takes the other fields from the items, the batch the
+records would give, without making them. The node counts real and padded tokens (``stats()``: ``real_tokens``,
 ``padded_tokens``, ``padding_efficiency`` for the epoch and ``efficiency_min``, the worst batch);
 its state is its input's plus those counts.
 """
@@ -38,7 +41,9 @@ from torch.utils.data import default_collate
 from torchdata.nodes import BaseNode
 
 from conveyor.errors import SampleError
-from conveyor.nodes._padding import DTYPES, SIDES, _pad_arrays, check_dtype, pad_field  # noqa: F401 - DTYPES: its names
+from conveyor._id_blocks import IdsRows
+from conveyor.nodes._padding import DTYPES, SIDES, _pad_arrays, check_dtype, pad_field, pad_flat  # noqa: F401 - DTYPES: its names
+from conveyor.nodes.capabilities import RowsAtOnce, has, take_rows
 from conveyor.nodes.collate import _named, check_fields, same_fields
 from conveyor.nodes.state_shape import Child, Fields, Int, Real
 
@@ -134,21 +139,68 @@ def _lean_dict(samples: Sequence[Any], first: dict, names: Sequence[Any], pad_va
             else:
                 extra[f"{key}_lengths"], extra[f"{key}_mask"] = lengths, mask
         else:
-            kind = type(values[0])
-            if kind is int:  # ints, or bools among them, as default_collate makes them: int64 (a
-                try:         # float among them makes float64, a huge int an object array: refused)
-                    ints = np.array(values)
-                except (OverflowError, ValueError):
-                    return None
-                if ints.dtype is not _INT64:  # (numpy's own int64: one object)
-                    return None
-                out[key] = torch.from_numpy(ints)
-            elif kind is str and _STR.issuperset(map(type, values)):
-                out[key] = values
-            else:
+            column = _plain_column(values)
+            if column is None:
                 return None
+            out[key] = column
     out.update(extra)
     return out, real, padded_tokens
+
+
+def _plain_column(values: list) -> Any:
+    """A field of ints (or bools among them: int64, as ``default_collate`` makes them) or of
+    strs, collated; None for anything else (a float among the ints makes float64, a huge int
+    an object array: the general path decides)."""
+    kind = type(values[0])
+    if kind is int:
+        try:
+            ints = np.array(values)
+        except (OverflowError, ValueError):
+            return None
+        if ints.dtype is not _INT64:  # (numpy's own int64: one object)
+            return None
+        return torch.from_numpy(ints)
+    if kind is str and _STR.issuperset(map(type, values)):
+        return values
+    return None
+
+
+def pad_rows(rows: IdsRows, *, field: Any, pad_value: float | Mapping[Any, float] = 0, side: str = "right",
+             pad_to_multiple_of: int | None = None, dtype: torch.dtype | None = None) -> tuple[dict, int, int] | None:
+    """``pad_collate`` of a batch of rows (``IdsRows``: a bucket_batch's, of a batch tokenizer's
+    block) with ``fields=[field]``, from the rows' buffers and items, without their records:
+    what ``_lean_dict`` gives for those records. None, having done nothing, where the records
+    must say: the keys they carry are not known, one is missing from an item or is not an int
+    or a str, or a key clashes with the fields pad_collate adds (the general path then gives
+    the batch or the error it always gave).
+
+    Example:
+        >>> from conveyor.text import byte_tokenize
+        >>> items = [{"text": "hi", "index": 0, "file": "f", "line": 1}, {"text": "a", "index": 1, "file": "f", "line": 2}]
+        >>> block = byte_tokenize.columns(items, dtype="uint8")
+        >>> batch, real, padded = pad_rows(IdsRows(block.items, block.row_ids(), [2, 1], block.kind()), field="input_ids")
+        >>> batch["input_ids"].tolist(), batch["line"].tolist(), list(batch)[-2:], real, padded
+        ([[104, 105], [97, 0]], [1, 2], ['lengths', 'attention_mask'], 3, 4)
+    """
+    keys = rows.carried
+    if keys is None or rows.field != field or field in keys or "lengths" in keys or "attention_mask" in keys:
+        return None
+    items = rows.items
+    columns = {}
+    for key in keys:
+        try:
+            values = list(map(itemgetter(key), items))
+        except (KeyError, TypeError, IndexError):  # an item without it: its record differs
+            return None
+        column = _plain_column(values)
+        if column is None:
+            return None
+        columns[key] = column
+    got = pad_flat(rows.joined(), rows.lengths, field, _pad_value(pad_value, field), side, pad_to_multiple_of, dtype)
+    if got is None:
+        return None
+    padded, lengths, mask, real, room = got
+    return {field: padded, **columns, "lengths": lengths, "attention_mask": mask}, real, room
 
 
 _DICT, _STR = frozenset({dict}), frozenset({str})
@@ -286,6 +338,8 @@ class PadCollate(BaseNode):
         self.where = where or "pad_collate"
         self.real = self.padded = 0
         self.worst = 1.0
+        # batches of rows (nodes/capabilities.py: a bucket_batch of a batch tokenizer's blocks)
+        self._rows = self.fields is not None and len(self.fields) == 1 and has(source, RowsAtOnce)
 
     def stats(self) -> dict[str, Any]:
         return {"real_tokens": self.real, "padded_tokens": self.padded,
@@ -304,10 +358,18 @@ class PadCollate(BaseNode):
             self.worst = initial_state[self.MIN_KEY]
 
     def next(self) -> Any:
-        samples = next(self.source)
+        samples = take_rows(self.source) if self._rows else next(self.source)
         try:
-            batch, real, padded = pad_collate(samples, fields=self.fields, pad_value=self.pad_value,
-                                              side=self.side, pad_to_multiple_of=self.multiple, dtype=self.dtype)
+            got = None
+            if type(samples) is IdsRows:
+                got = pad_rows(samples, field=self.fields[0], pad_value=self.pad_value, side=self.side,  # type: ignore[index]
+                               pad_to_multiple_of=self.multiple, dtype=self.dtype)
+                if got is None:
+                    samples = samples.records()
+            if got is None:
+                got = pad_collate(samples, fields=self.fields, pad_value=self.pad_value, side=self.side,
+                                  pad_to_multiple_of=self.multiple, dtype=self.dtype)
+            batch, real, padded = got
         except Exception as exc:
             exc.add_note(f"in {self.where}")
             raise
