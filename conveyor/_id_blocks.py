@@ -37,8 +37,10 @@ class IdsBlock:
     from its item, after ``field`` (the record is ``{field: ids, k: item[k] ...}`` in that
     order) for every item that has them all; an item that lacks one gets another record, so
     whoever builds fields from the items must take the records where a key is missing.
-    ``None``: not known (take the records). The block belongs to whoever took it: it may
-    clear ``items`` as it goes.
+    ``None``: not known (take the records). A fn may give ``carried`` as a function of the
+    items instead, asked only if someone reads it (it passes over every item: pack_tokens,
+    which does not, saves that). The block belongs to whoever took it: it may clear ``items``
+    as it goes, once it has read ``carried``.
 
     Example:
         >>> b = IdsBlock(np.array([1, 2, 3]), np.array([2, 1]), ["a", "b"], lambda i, x, n: list(zip(i, n.tolist())))
@@ -49,12 +51,20 @@ class IdsBlock:
         ([1, 2], [3], [('b', 1)])
     """
 
-    __slots__ = ("ids", "lengths", "field", "items", "make", "carried")
+    __slots__ = ("ids", "lengths", "field", "items", "make", "_carried")
 
     def __init__(self, ids: np.ndarray, lengths: np.ndarray, items: list, make: Records, field: str = "input_ids",
-                 carried: tuple[str, ...] | None = None):
+                 carried: tuple[str, ...] | Callable[[list], tuple[str, ...] | None] | None = None):
         self.ids, self.lengths, self.field, self.items, self.make = ids, lengths, field, items, make
-        self.carried = carried
+        self._carried = carried
+
+    @property
+    def carried(self) -> tuple[str, ...] | None:
+        """The keys each record copies from its item (see the class), found when first asked."""
+        got = self._carried
+        if callable(got):
+            got = self._carried = got(self.items)
+        return got
 
     def __len__(self) -> int:
         return len(self.items)
@@ -66,8 +76,9 @@ class IdsBlock:
     def split(self, k: int) -> tuple["IdsBlock", "IdsBlock"]:
         """The first ``k`` records' block and the rest's."""
         end = int(self.lengths[:k].sum())
-        return (IdsBlock(self.ids[:end], self.lengths[:k], self.items[:k], self.make, self.field, self.carried),
-                IdsBlock(self.ids[end:], self.lengths[k:], self.items[k:], self.make, self.field, self.carried))
+        keys = self._carried  # (a function of the items: each part asks it of its own)
+        return (IdsBlock(self.ids[:end], self.lengths[:k], self.items[:k], self.make, self.field, keys),
+                IdsBlock(self.ids[end:], self.lengths[k:], self.items[k:], self.make, self.field, keys))
 
     def kind(self) -> tuple:
         """What rows of this block share with rows of another that may be batched together

@@ -278,7 +278,7 @@ def _hf_columns(items: list, *, tokenizer: str, field: str = "text", max_length:
     if type(items) is not list:
         raise TypeError(f"hf_tokenize's columns take a list, got {type(items).__name__}")
     buf, lengths = _hf_buffer(items, field, tok, add_special_tokens, dt)
-    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _block_records, carried=carried(items))
+    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _block_records, carried=carried)
 
 
 
@@ -387,7 +387,7 @@ def _byte_columns(items: list, *, field: str = "text", max_length: int | None = 
         raise TypeError(f"byte_tokenize's columns take a list, got {type(items).__name__}")
     buf, lengths = _byte_buffer(items, field, max_length, bos_id if add_bos else None, eos_id if add_eos else None,
                                 dt)
-    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _block_records, carried=carried(items))
+    return IdsBlock(buf, np.array(lengths, dtype=np.int64), items, _block_records, carried=carried)
 
 
 byte_tokenize.columns = _byte_columns  # type: ignore[attr-defined]  # (_id_blocks.py)
