@@ -220,3 +220,30 @@ def test_hf_tokenize_s_rows_give_the_batches_its_records_give(tmp_path, rows_pad
     by_rows = _run(graph(hf_tokenize))
     assert rows_padded["rows"] > len(by_rows) * 3 // 4
     assert by_rows == _run(graph(records_only))
+
+
+def test_a_pad_value_the_ids_cannot_hold_is_the_same_error_on_both_paths():
+    docs = _docs(200)
+    errors = []
+    for columns in (True, False):  # uint8 ids, no dtype to widen them: -100 does not fit
+        with pytest.raises(ValueError, match=r"field 'input_ids': pad value -100 does not fit its dtype uint8") as exc:
+            _run(_graph(docs, columns, collate={"pad_value": -100, "dtype": None}))
+        errors.append((str(exc.value), exc.value.__notes__))
+    assert errors[0] == errors[1]
+
+
+def test_the_graph_s_counter_passes_rows_on_but_not_while_a_watcher_wants_every_batch():
+    from conveyor.graphs.instrument import Counted
+
+    docs = _docs(300)
+    counted = Counted(_graph(docs, True, collate_node=False))
+    counted.reset()
+    assert counted.rows_ready() and type(counted.next_rows()) is IdsRows and counted.items == 1
+    seen = []
+    counted.watch(lambda node, item, t0, t1: seen.append(item))
+    assert not counted.rows_ready()
+    assert type(next(counted)) is list and len(seen) == 1
+    padded = PadCollate(counted, fields=["input_ids"])
+    padded.reset()
+    assert [_plain(b) for b in padded] == _run(_graph(docs, False, collate={"pad_to_multiple_of": None,
+                                                                           "dtype": None}))
