@@ -233,6 +233,7 @@ def test_a_pad_value_the_ids_cannot_hold_is_the_same_error_on_both_paths():
 
 
 def test_the_graph_s_counter_passes_rows_on_but_not_while_a_watcher_wants_every_batch():
+    from conveyor.graphs import instrument
     from conveyor.graphs.instrument import Counted
 
     docs = _docs(300)
@@ -240,9 +241,14 @@ def test_the_graph_s_counter_passes_rows_on_but_not_while_a_watcher_wants_every_
     counted.reset()
     assert counted.rows_ready() and type(counted.next_rows()) is IdsRows and counted.items == 1
     seen = []
-    counted.watch(lambda node, item, t0, t1: seen.append(item))
-    assert not counted.rows_ready()
-    assert type(next(counted)) is list and len(seen) == 1
+    watcher = lambda node, item, t0, t1: seen.append(item)  # noqa: E731
+    counted.watch(watcher)
+    try:  # (a watcher left on makes every node of the process time every call: unwatch it)
+        assert not counted.rows_ready()
+        assert type(next(counted)) is list and len(seen) == 1
+    finally:
+        counted.unwatch(watcher)
+    assert instrument._exact[0] == 0
     padded = PadCollate(counted, fields=["input_ids"])
     padded.reset()
     assert [_plain(b) for b in padded] == _run(_graph(docs, False, collate={"pad_to_multiple_of": None,
