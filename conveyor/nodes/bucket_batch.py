@@ -536,10 +536,8 @@ class BucketBatch(BaseNode[list]):
         block = take_ids(self.source, self._chunk) if self._field is not None else None
         self._block = self._row_ids = None
         if block is not None and len(block) and block.field == self._field:  # (any length: _bulk takes it)
-            lengths = np.asarray(block.lengths, dtype=np.int64)
-            bks = np.searchsorted(self._bounds_array, lengths)  # side="left": bisect_left's bucket
             self._block, self._row_ids, self._kind = block, block.row_ids(), block.kind()
-            self._lens, self._bks, self._arrays = lengths.tolist(), bks.tolist(), (lengths, bks)
+            self._lens, self._bks, self._arrays = self._bucketed(np.asarray(block.lengths, dtype=np.int64))
             return block.items
         if block is None or not len(block):  # (empty: its fn took a list as records, which take gives)
             chunk = take(self.source, self._chunk)
@@ -587,9 +585,12 @@ class BucketBatch(BaseNode[list]):
             return None, None, None
         if len(lens) < _BULK_MIN:
             return lens, list(map(bisect_left, repeat(self.boundaries), lens)), None
-        arr = np.array(lens, dtype=np.int64)
+        return self._bucketed(np.array(lens, dtype=np.int64), lens)
+
+    def _bucketed(self, arr: np.ndarray, lens: list[int] | None = None) -> tuple[list[int], list[int], Any]:
+        """``_sized``'s answer for lengths given as an int64 array (and as a list, where made)."""
         bks = np.searchsorted(self._bounds_array, arr)  # side="left": bisect_left's bucket
-        return lens, bks.tolist(), (arr, bks)
+        return arr.tolist() if lens is None else lens, bks.tolist(), (arr, bks)
 
     def _bulk(self, pending: list, pi: int) -> int | None:
         """Add the chunk's items from ``pending[pi]`` on in one pass per bucket, up to the
